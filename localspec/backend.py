@@ -1,0 +1,297 @@
+"""A thin layer over llama-cpp-python's low-level API (never `Llama(...)`).
+
+`Model` is a loaded GGUF (weights + vocabulary); `Context` is one llama_context holding one
+sequence, the tokens whose K/V it caches, and a reusable `llama_batch`. `Context.eval` asks for
+logits only on the rows the caller needs: `Llama(logits_all=True)` would keep an
+n_ctx x n_vocab float array (2.5 GB at 4k context for Qwen's 151,936-token vocabulary).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import struct
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+
+from .compat import VocabInfo
+from .errors import ContextFullError, ModelLoadError
+
+_init_lock = threading.Lock()
+_backend_ready = False
+_LOG_CB = None  # keep the ctypes callback alive for the process lifetime
+
+VOCAB_TYPES = {0: "none", 1: "spm", 2: "bpe", 3: "wpm", 4: "ugm", 5: "rwkv", 6: "plamo2", 7: "test"}
+
+
+def llama():
+    """Import llama_cpp once, initialise the backend, and keep llama.cpp's logging quiet
+    (LOCALSPEC_DEBUG=1 lets it through to stderr)."""
+    global _backend_ready, _LOG_CB
+    try:
+        import llama_cpp
+    except ImportError as e:  # pragma: no cover - install problem, reported in one line
+        raise ModelLoadError(f"llama-cpp-python is not importable ({e}); run `pip install llama-cpp-python`")
+    with _init_lock:
+        if not _backend_ready:
+            if not os.environ.get("LOCALSPEC_DEBUG"):
+                _LOG_CB = llama_cpp.llama_log_callback(lambda level, text, user_data: None)
+                llama_cpp.llama_log_set(_LOG_CB, ctypes.c_void_p(0))
+            llama_cpp.llama_backend_init()
+            _backend_ready = True
+    return llama_cpp
+
+
+def check_gguf_file(path: Path) -> None:
+    """Fail with one actionable line before llama.cpp sees a file it would choke on."""
+    if not path.exists():
+        raise ModelLoadError(f"model file not found: {path}")
+    if path.is_dir():
+        raise ModelLoadError(f"{path} is a directory; pass the .gguf file inside it")
+    size = path.stat().st_size
+    with open(path, "rb") as f:
+        head = f.read(24)
+    if len(head) < 24 or head[:4] != b"GGUF":
+        raise ModelLoadError(f"{path} is not a GGUF model file (wrong magic); pass a .gguf file")
+    version = struct.unpack("<I", head[4:8])[0]
+    if version not in (2, 3):
+        raise ModelLoadError(f"{path}: unsupported GGUF version {version}")
+    if size < 1024:
+        raise ModelLoadError(f"{path} is truncated ({size} bytes); download it again")
+
+
+class Model:
+    def __init__(self, path: str | os.PathLike, n_gpu_layers: int = -1, rpc_servers: str | None = None,
+                 vocab_only: bool = False):
+        L = llama()
+        self.path = Path(path)
+        check_gguf_file(self.path)
+        params = L.llama_model_default_params()
+        params.n_gpu_layers = 0x7FFFFFFF if n_gpu_layers < 0 else n_gpu_layers
+        params.vocab_only = vocab_only
+        if rpc_servers:
+            if not L.llama_supports_rpc():
+                raise ModelLoadError("rpc_servers given, but this llama.cpp build has no RPC backend; "
+                                     "reinstall with CMAKE_ARGS=\"-DGGML_RPC=on\"")
+            self._rpc = ctypes.c_char_p(rpc_servers.encode())
+            if hasattr(params, "rpc_servers"):
+                params.rpc_servers = self._rpc
+        self.ptr = L.llama_model_load_from_file(str(self.path).encode(), params)
+        if not self.ptr:
+            raise ModelLoadError(f"llama.cpp could not load {self.path} (truncated, or an architecture "
+                                 "this llama-cpp-python does not know); re-download it or upgrade llama-cpp-python")
+        self.L = L
+        self.vocab = L.llama_model_get_vocab(self.ptr)
+        self.n_vocab = L.llama_vocab_n_tokens(self.vocab)
+        self.bos = L.llama_vocab_bos(self.vocab)
+        self.eos = L.llama_vocab_eos(self.vocab)
+        self.add_bos = bool(L.llama_vocab_get_add_bos(self.vocab))
+        self._pieces: list[bytes | None] = [None] * self.n_vocab
+        self._eog = np.zeros(self.n_vocab, dtype=bool)
+        for t in range(self.n_vocab):  # cheap (C calls), and makes is_eog a table lookup
+            self._eog[t] = L.llama_vocab_is_eog(self.vocab, t)
+
+    # --- metadata -------------------------------------------------------------------------
+    def meta(self, key: str) -> str | None:
+        buf = ctypes.create_string_buffer(1 << 16)
+        n = self.L.llama_model_meta_val_str(self.ptr, key.encode(), buf, len(buf))
+        if n < 0:
+            return None
+        if n >= len(buf):
+            buf = ctypes.create_string_buffer(n + 1)
+            self.L.llama_model_meta_val_str(self.ptr, key.encode(), buf, len(buf))
+        return buf.value.decode("utf-8", errors="replace")
+
+    def chat_template(self) -> str | None:
+        p = self.L.llama_model_chat_template(self.ptr, None)
+        return p.decode("utf-8", errors="replace") if p else None
+
+    def description(self) -> str:
+        buf = ctypes.create_string_buffer(256)
+        self.L.llama_model_desc(self.ptr, buf, len(buf))
+        return buf.value.decode(errors="replace")
+
+    @property
+    def size_bytes(self) -> int:
+        return int(self.L.llama_model_size(self.ptr))
+
+    @property
+    def n_ctx_train(self) -> int:
+        return int(self.L.llama_model_n_ctx_train(self.ptr))
+
+    def vocab_info(self) -> VocabInfo:
+        L = self.L
+        return VocabInfo(
+            vocab_type=VOCAB_TYPES.get(L.llama_vocab_type(self.vocab), "unknown"),
+            n_tokens=self.n_vocab, bos=self.bos, eos=self.eos, add_bos=self.add_bos,
+            token_text=lambda i: (L.llama_vocab_get_text(self.vocab, i) or b"").decode("utf-8", "replace"),
+        )
+
+    # --- text <-> tokens --------------------------------------------------------------------
+    def tokenize(self, text: str, add_special: bool = True, parse_special: bool = False) -> list[int]:
+        data = text.encode("utf-8")
+        n_max = len(data) + 8
+        buf = (ctypes.c_int32 * n_max)()
+        n = self.L.llama_tokenize(self.vocab, data, len(data), buf, n_max, add_special, parse_special)
+        if n < 0:
+            buf = (ctypes.c_int32 * -n)()
+            n = self.L.llama_tokenize(self.vocab, data, len(data), buf, -n, add_special, parse_special)
+        return list(buf[:n])
+
+    def piece(self, token: int) -> bytes:
+        """The bytes a token renders to; control tokens render as nothing."""
+        p = self._pieces[token]
+        if p is None:
+            buf = ctypes.create_string_buffer(64)
+            n = self.L.llama_token_to_piece(self.vocab, token, buf, len(buf), 0, False)
+            if n < 0:
+                buf = ctypes.create_string_buffer(-n)
+                n = self.L.llama_token_to_piece(self.vocab, token, buf, len(buf), 0, False)
+            p = self._pieces[token] = buf.raw[:n]
+        return p
+
+    def detokenize(self, tokens: list[int]) -> str:
+        return b"".join(self.piece(t) for t in tokens).decode("utf-8", errors="replace")
+
+    def token_text(self, token: int) -> str:
+        """The vocabulary's text for a token, control tokens included ("<|im_end|>")."""
+        return (self.L.llama_vocab_get_text(self.vocab, token) or b"").decode("utf-8", "replace")
+
+    def is_eog(self, token: int) -> bool:
+        return bool(self._eog[token])
+
+    def close(self) -> None:
+        if getattr(self, "ptr", None):
+            self.L.llama_model_free(self.ptr)
+            self.ptr = None
+
+    def __del__(self):  # pragma: no cover - best effort at interpreter exit
+        try:
+            self.close()
+        except Exception:
+            pass
+
+
+class Context:
+    """One llama_context, one sequence (id 0). `tokens` mirrors what its KV cache holds."""
+
+    def __init__(self, model: Model, n_ctx: int = 4096, n_batch: int = 512, n_threads: int | None = None,
+                 n_threads_batch: int | None = None):
+        L = model.L
+        threads = n_threads or (os.cpu_count() or 1)
+        cp = L.llama_context_default_params()
+        cp.n_ctx = n_ctx
+        cp.n_batch = n_batch
+        cp.n_ubatch = n_batch
+        cp.n_seq_max = 1
+        cp.n_threads = threads
+        cp.n_threads_batch = n_threads_batch or threads
+        cp.no_perf = True
+        self.ptr = L.llama_init_from_model(model.ptr, cp)
+        if not self.ptr:
+            raise ModelLoadError(f"llama.cpp could not create a {n_ctx}-token context for {model.path.name} "
+                                 "(out of memory?); try a smaller --ctx-size")
+        self.L, self.model = L, model
+        self.n_ctx = L.llama_n_ctx(self.ptr)
+        self.n_batch = n_batch
+        self.n_vocab = model.n_vocab
+        self.mem = L.llama_get_memory(self.ptr)
+        self.batch = L.llama_batch_init(n_batch, 0, 1)
+        for i in range(n_batch):  # every row belongs to sequence 0, once and for all
+            self.batch.n_seq_id[i] = 1
+            self.batch.seq_id[i][0] = 0
+        self.tokens: list[int] = []
+        self.decode_s = 0.0  # wall time spent inside llama_decode (for the overhead figure)
+        self.n_decode = 0
+
+    def eval(self, tokens: list[int], logits: str = "last") -> np.ndarray | None:
+        """Append `tokens` to the sequence. logits: "none" | "last" | "all" (rows for `tokens`).
+        Returns a (rows, n_vocab) float32 array (a copy) or None."""
+        if not tokens:
+            return None
+        if len(self.tokens) + len(tokens) > self.n_ctx:
+            raise ContextFullError(f"context full ({self.n_ctx} tokens); start a new conversation or raise --ctx-size")
+        L, b = self.L, self.batch
+        out = None
+        for start in range(0, len(tokens), self.n_batch):
+            chunk = tokens[start:start + self.n_batch]
+            last_chunk = start + self.n_batch >= len(tokens)
+            n0 = len(self.tokens)
+            for i, t in enumerate(chunk):
+                b.token[i] = t
+                b.pos[i] = n0 + i
+                b.logits[i] = logits == "all" and last_chunk
+            if last_chunk and logits == "last":
+                b.logits[len(chunk) - 1] = True
+            b.n_tokens = len(chunk)
+            t0 = time.perf_counter()
+            rc = L.llama_decode(self.ptr, b)
+            if rc != 0:
+                self.truncate(n0)
+                if rc == 1:
+                    raise ContextFullError("llama.cpp found no KV-cache slot; start a new conversation or raise --ctx-size")
+                raise ModelLoadError(f"llama_decode failed (code {rc})")
+            n_rows = (len(chunk) if logits == "all" else 1) if last_chunk and logits != "none" else 0
+            if n_rows:
+                ptr = L.llama_get_logits(self.ptr)  # outputs are contiguous, in batch order
+                out = np.ctypeslib.as_array(ptr, shape=(n_rows, self.n_vocab)).copy()
+            self.decode_s += time.perf_counter() - t0
+            self.n_decode += 1
+            self.tokens.extend(chunk)
+        return out
+
+    def truncate(self, n: int) -> None:
+        """Drop cached positions >= n (the rejected tail of a draft)."""
+        if n < len(self.tokens):
+            if not self.L.llama_memory_seq_rm(self.mem, 0, n, -1):
+                # a recurrent model cannot drop a partial tail: start the sequence again
+                self.L.llama_memory_clear(self.mem, True)
+                keep, self.tokens = self.tokens[:n], []
+                self.eval(keep, logits="none")
+                return
+            del self.tokens[n:]
+
+    def sync(self, tokens: list[int]) -> int:
+        """Make the cache hold exactly `tokens`, reusing the longest common prefix (prompt cache
+        across chat turns). Returns how many tokens had to be evaluated."""
+        n = common_prefix(self.tokens, tokens)
+        self.truncate(n)
+        self.eval(tokens[n:], logits="none")
+        return len(tokens) - n
+
+    def reset(self) -> None:
+        self.L.llama_memory_clear(self.mem, True)
+        self.tokens = []
+
+    def close(self) -> None:
+        if getattr(self, "ptr", None):
+            self.L.llama_batch_free(self.batch)
+            self.L.llama_free(self.ptr)
+            self.ptr = None
+
+    def __del__(self):  # pragma: no cover
+        try:
+            self.close()
+        except Exception:
+            pass
+
+
+def common_prefix(a: list[int], b: list[int]) -> int:
+    n = min(len(a), len(b))
+    i = 0
+    while i < n and a[i] == b[i]:
+        i += 1
+    return i
+
+
+def system_info() -> dict:
+    L = llama()
+    return {
+        "llama_cpp_python": getattr(L, "__version__", "?"),
+        "gpu_offload": bool(L.llama_supports_gpu_offload()),
+        "rpc": bool(L.llama_supports_rpc()),
+        "system_info": (L.llama_print_system_info() or b"").decode(errors="replace").strip(),
+    }

@@ -1,0 +1,37 @@
+"""Render a conversation with the chat template stored in the GGUF (a Jinja template, as HF does).
+
+A model without a template is reported, never silently given another one: pass --raw to send the
+text as-is, or a template through the pair's `chat_template` setting.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+
+from .errors import ConfigError
+
+
+def _raise(msg):
+    raise ConfigError(f"the chat template refused this conversation: {msg}")
+
+
+def render_prompt(template: str | None, messages, model, name: str = "model") -> str:
+    if not template:
+        raise ConfigError(f"{name} has no chat template in its GGUF; use --raw to send plain text, "
+                          "or set chat_template for the pair in models.yaml")
+    try:
+        from jinja2.exceptions import TemplateError
+        from jinja2.sandbox import ImmutableSandboxedEnvironment
+    except ImportError:  # pragma: no cover - jinja2 comes with llama-cpp-python
+        raise ConfigError("jinja2 is needed to render chat templates; pip install jinja2")
+    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
+    env.globals.update(raise_exception=_raise,
+                       strftime_now=lambda fmt: _dt.datetime.now().strftime(fmt))
+    bos = model.token_text(model.bos) if model.bos >= 0 else ""
+    eos = model.token_text(model.eos) if model.eos >= 0 else ""
+    try:
+        return env.from_string(template).render(
+            messages=[{"role": m.role, "content": m.content} for m in messages],
+            add_generation_prompt=True, bos_token=bos, eos_token=eos)
+    except TemplateError as e:
+        raise ConfigError(f"the chat template of {name} failed to render ({e}); use --raw")

@@ -1,0 +1,53 @@
+"""One config object for a generation, every default commented (in the spirit of nanoGPT).
+
+The CLI, the chat app and the bench all build a `GenConfig`; the engine reads nothing else.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field, replace
+
+
+def default_threads() -> int:
+    # llama-cpp-python defaults to cpu_count()//2, which is ONE thread on a 2-core laptop VM.
+    # Decoding is memory-bound and scales with cores here, so use all of them unless told.
+    return max(1, os.cpu_count() or 1)
+
+
+@dataclass
+class GenConfig:
+    # --- sampling (applied identically to the target p and the draft q) ---
+    temperature: float = 0.0  # 0 = greedy: every emitted token is the target's argmax
+    top_k: int = 0  # 0 = off; keep only the k most likely tokens
+    top_p: float = 1.0  # 1.0 = off; nucleus sampling mass
+    min_p: float = 0.0  # 0.0 = off; drop tokens below min_p * p(top token)
+    seed: int | None = None  # fixes the sampler's RNG so runs are reproducible
+
+    # --- speculation ---
+    spec: str = "auto"  # "on" | "off" | "auto" (auto drafts only when the cost model says it pays)
+    drafter: str = "hybrid"  # "model" | "ngram" | "hybrid"
+    draft_max: int = 4  # k: the most tokens drafted per round (auto may choose fewer, down to 0)
+    draft_min: int = 0  # never draft fewer than this when drafting at all (0 = let the cost model decide)
+    p_min: float = 0.0  # stop drafting when the draft model's top probability falls below this
+    ngram_min: int = 2  # shortest suffix match the n-gram drafter trusts
+    ngram_max: int = 4  # longest suffix it tries to match (longer = more specific)
+
+    # --- stopping ---
+    max_tokens: int = 512  # hard cap on generated tokens
+    stop: list[str] = field(default_factory=list)  # stop strings; no text past one is ever emitted
+
+    def with_(self, **kw) -> "GenConfig":
+        return replace(self, **kw)
+
+
+@dataclass
+class LoadConfig:
+    n_ctx: int = 4096  # context window for both target and draft (tokens)
+    n_batch: int = 512  # prompt is evaluated in chunks of this many tokens
+    n_threads: int = field(default_factory=default_threads)  # decode threads (all cores, see above)
+    n_threads_batch: int = field(default_factory=default_threads)  # prompt/verify threads
+    n_gpu_layers_target: int = -1  # -1 = offload every layer when a GPU backend is compiled in
+    n_gpu_layers_draft: int = -1  # same for the draft
+    rpc_servers: str | None = None  # "host:port,host:port": llama.cpp RPC backends for the target
+    chat_template: str | None = None  # override the template stored in the GGUF

@@ -1,0 +1,199 @@
+"""The speculative engine: draft, verify in one pass, accept, roll back.
+
+`speculative_decode` is the whole algorithm and reads on one screen. `Engine` loads the pair,
+formats prompts, runs the loop, turns tokens into text and stop reasons, and keeps the `Stats`.
+Nothing here prints: stats are data, the CLI and the chat app decide what to show.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Iterator
+
+import numpy as np
+
+from .backend import Context, Model
+from .chat_format import render_prompt
+from .compat import require_compatible
+from .config import GenConfig, LoadConfig
+from .drafters import Draft, DraftModel, HybridDrafter, NgramDrafter
+from .errors import ConfigError, ContextFullError
+from .policy import FixedK, make_policy
+from .sampling import accept_greedy, accept_token, logits_to_probs, residual, sample
+from .stats import Stats
+from .text import TextStream
+
+NO_DRAFT = Draft()
+
+
+def speculative_decode(target: Context, drafter, policy, seq: list[int], cfg: GenConfig,
+                       stats: Stats, rng: np.random.Generator) -> Iterator[tuple[int, str]]:
+    """Yield confirmed (token, source) pairs until the caller stops. `seq` is the confirmed
+    sequence (prompt + output); on entry the target's cache holds all of it but the last token.
+    With k = 0 a round is one plain decoding step, so the baseline runs through the same code."""
+    greedy = cfg.temperature <= 0
+    while True:
+        room = target.n_ctx - len(seq)  # the pending token plus k drafts must fit
+        if room < 1:
+            raise ContextFullError(f"context full ({target.n_ctx} tokens)")
+        # 1. draft up to k tokens; the policy picks k per round, 0 meaning a plain decoding step
+        k_max = min(cfg.draft_max, room - 1)
+        t0 = time.perf_counter()
+        draft = drafter.propose(seq, k_max, policy) if drafter and k_max > 0 else NO_DRAFT
+        t1 = time.perf_counter()
+        # 2. verify: the pending token and the whole draft in ONE target pass, logits on each row
+        logits = target.eval([seq[-1], *draft.tokens], logits="all")
+        t2 = time.perf_counter()
+        # 3. accept the agreeing prefix; the first disagreement (or the bonus) is the target's own
+        if greedy:
+            best = logits.argmax(axis=1)
+            n = accept_greedy(draft.tokens, best)
+            fix = int(best[n])
+        else:
+            n, fix = accept_sampled(draft, logits, cfg, rng)
+        out = [*draft.tokens[:n], fix]
+        # 4. roll the target back to the confirmed text; the new last token stays pending
+        seq.extend(out)
+        target.truncate(len(seq) - 1)
+        policy.update(draft, n, seq)
+        stats.add_round(draft.source, len(draft.tokens), n, t1 - t0, t2 - t1)
+        for i, tok in enumerate(out):
+            yield tok, (draft.source if i < n else "target")
+
+
+def accept_sampled(draft: Draft, logits: np.ndarray, cfg: GenConfig, rng) -> tuple[int, int]:
+    """Speculative sampling over one verified draft: (number accepted, the target's token)."""
+    for i, x in enumerate(draft.tokens):
+        p = logits_to_probs(logits[i], cfg)
+        q = draft.probs[i]
+        if not accept_token(p, q, x, rng):
+            return i, sample(residual(p, q, x), rng)
+    return len(draft.tokens), sample(logits_to_probs(logits[-1], cfg), rng)
+
+
+@dataclass
+class Chunk:
+    text: str  # text now safe to show (may be "" while a UTF-8 char or a stop string is pending)
+    token: int | None = None
+    source: str | None = None  # "model" | "ngram" (an accepted draft token) | "target"
+
+
+@dataclass
+class Message:
+    role: str
+    content: str
+
+
+class Engine:
+    """A loaded target (and optional draft model), ready to generate."""
+
+    def __init__(self, target_path: str | Path, draft_path: str | Path | None = None,
+                 load: LoadConfig | None = None, profile=None):
+        self.load = load = load or LoadConfig()
+        self.target_model = Model(target_path, load.n_gpu_layers_target, load.rpc_servers)
+        self.draft_model = None
+        self.draft_ctx = None
+        if draft_path:
+            self.draft_model = Model(draft_path, load.n_gpu_layers_draft)
+            require_compatible(self.target_model.vocab_info(), self.draft_model.vocab_info())
+        self.target = Context(self.target_model, load.n_ctx, load.n_batch, load.n_threads, load.n_threads_batch)
+        if self.draft_model:
+            self.draft_ctx = Context(self.draft_model, load.n_ctx, load.n_batch, load.n_threads, load.n_threads_batch)
+        self.profile = profile  # measured pass costs (policy.CostProfile) for --spec auto
+        self.ngram = NgramDrafter()
+        self.last_stats: Stats | None = None
+
+    # --- prompts ----------------------------------------------------------------------------
+    def chat_template(self) -> str | None:
+        return self.load.chat_template or self.target_model.chat_template()
+
+    def prompt_tokens(self, messages: list[Message] | str, raw: bool = False) -> list[int]:
+        m = self.target_model
+        if raw or isinstance(messages, str) and raw:
+            text = messages if isinstance(messages, str) else "".join(x.content for x in messages)
+            return m.tokenize(text, add_special=True, parse_special=False)
+        if isinstance(messages, str):
+            messages = [Message("user", messages)]
+        text = render_prompt(self.chat_template(), messages, m, name=m.path.name)
+        bos_text = m.token_text(m.bos) if m.add_bos else ""
+        add_bos = m.add_bos and not (bos_text and text.startswith(bos_text))
+        return m.tokenize(text, add_special=add_bos, parse_special=True)
+
+    # --- generation -------------------------------------------------------------------------
+    def make_drafter(self, cfg: GenConfig, rng):
+        model = DraftModel(self.draft_ctx, cfg, rng) if self.draft_ctx else None
+        self.ngram.n_min, self.ngram.n_max = cfg.ngram_min, cfg.ngram_max
+        if cfg.drafter == "model":
+            if model is None:
+                raise ConfigError("--drafter model needs a draft model; pass --draft PATH or use --drafter ngram")
+            return model
+        if cfg.drafter == "ngram":
+            return self.ngram
+        if cfg.drafter == "hybrid":
+            return HybridDrafter(self.ngram, model)
+        raise ConfigError(f"unknown drafter {cfg.drafter!r}; use model, ngram or hybrid")
+
+    def generate(self, prompt: list[int], cfg: GenConfig,
+                 cancel: Callable[[], bool] | None = None) -> Iterator[Chunk]:
+        """Stream confirmed text. Afterwards `self.last_stats` holds the run's figures."""
+        m, tgt = self.target_model, self.target
+        if not prompt:
+            raise ConfigError("empty prompt; give some text to answer")
+        if len(prompt) >= tgt.n_ctx:
+            raise ContextFullError(f"the prompt is {len(prompt)} tokens but the context holds {tgt.n_ctx}; "
+                                   "shorten it or raise --ctx-size")
+        rng = np.random.default_rng(cfg.seed)
+        stats = self.last_stats = Stats(prompt_tokens=len(prompt))
+        seq = list(prompt)
+        drafter = self.make_drafter(cfg, rng) if cfg.spec != "off" else None
+        policy = make_policy(cfg, self.profile, drafter) if drafter else FixedK(0)
+        stats.spec_mode = cfg.spec if drafter else "off"
+        decode_before = tgt.decode_s + (self.draft_ctx.decode_s if self.draft_ctx else 0.0)
+
+        t0 = time.perf_counter()
+        stats.prompt_eval_tokens = tgt.sync(seq[:-1])  # reuses the cached prefix of a conversation
+        if drafter:
+            drafter.begin(seq)
+        stats.prompt_eval_s = time.perf_counter() - t0
+
+        text = TextStream(cfg.stop)
+        loop = speculative_decode(tgt, drafter, policy, seq, cfg, stats, rng)
+        t_gen = time.perf_counter()
+        try:
+            for tok, src in loop:
+                if m.is_eog(tok):
+                    stats.stop_reason = "eos"
+                    break
+                stats.add_token(src)
+                piece = text.push(m.piece(tok))
+                yield Chunk(piece, tok, src)
+                if text.stopped:
+                    stats.stop_reason = "stop"
+                    break
+                if stats.tokens >= cfg.max_tokens:
+                    stats.stop_reason = "length"
+                    break
+                if cancel and cancel():
+                    stats.stop_reason = "cancelled"
+                    break
+        except ContextFullError:
+            stats.stop_reason = "context"
+        finally:
+            loop.close()
+            stats.generation_s = time.perf_counter() - t_gen
+            stats.decode_s = tgt.decode_s + (self.draft_ctx.decode_s if self.draft_ctx else 0.0) - decode_before
+            stats.policy = policy.describe()
+        tail = text.flush()
+        if tail:
+            yield Chunk(tail)
+
+    def complete(self, prompt: list[int], cfg: GenConfig) -> tuple[str, Stats]:
+        text = "".join(c.text for c in self.generate(prompt, cfg))
+        return text, self.last_stats
+
+    def close(self) -> None:
+        for x in (self.target, self.draft_ctx, self.target_model, self.draft_model):
+            if x is not None:
+                x.close()

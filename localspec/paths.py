@@ -1,0 +1,62 @@
+"""One data root for everything localspec writes, overridable by LOCALSPEC_HOME.
+
+Layout under the root:
+    models/     assembled bundle models and other GGUFs localspec made (Q4_0 drafts, ...)
+    profiles/   measured pass costs per (pair, device, threads) for --spec auto
+    history.db  chat history (SQLite)
+    copies/     replies saved by /copy
+The user's pair file lives in the platformdirs config dir (or $LOCALSPEC_HOME/models.yaml).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import platformdirs
+
+APP = "localspec"
+
+
+def home() -> Path:
+    env = os.environ.get("LOCALSPEC_HOME")
+    root = Path(env).expanduser() if env else Path(platformdirs.user_data_dir(APP))
+    return root
+
+
+def ensure(p: Path) -> Path:
+    p.mkdir(parents=True, exist_ok=True)
+    return p
+
+
+def models_dir() -> Path:
+    return home() / "models"
+
+
+def profiles_dir() -> Path:
+    return home() / "profiles"
+
+
+def history_db() -> Path:
+    return home() / "history.db"
+
+
+def copies_dir() -> Path:
+    return home() / "copies"
+
+
+def user_config_file() -> Path:
+    if os.environ.get("LOCALSPEC_HOME"):
+        return home() / "models.yaml"
+    return Path(platformdirs.user_config_dir(APP)) / "models.yaml"
+
+
+def all_paths() -> dict[str, str]:
+    return {
+        "home": str(home()),
+        "models": str(models_dir()),
+        "profiles": str(profiles_dir()),
+        "history": str(history_db()),
+        "copies": str(copies_dir()),
+        "user_config": str(user_config_file()),
+    }

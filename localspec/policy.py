@@ -1,0 +1,130 @@
+"""How many tokens to draft this round.
+
+- `FixedK`: always the configured k (`--spec on`).
+- `AdaptivePolicy` (`--spec auto`): per drafter (and, for n-grams, per match length) it keeps a
+  running estimate of the acceptance at each draft position, and picks the k in 0..k_max that
+  maximizes expected confirmed tokens per second under the measured `CostProfile`. k = 0 means
+  a plain decoding step, so auto is never knowingly slower than plain.
+
+  Acceptance of the n-gram drafter is also learnt in rounds that did not use it: its proposal is
+  free, so the policy keeps it aside and scores it against the tokens the target confirms next
+  ("shadow" drafts). Under greedy decoding that match is exactly the acceptance a verification
+  would have given; under sampling its expectation is p(x), the acceptance probability. This is
+  how auto turns speculation back on when the text starts repeating, at no cost.
+"""
+
+from __future__ import annotations
+
+from .config import GenConfig
+from .costmodel import CostProfile, best_k, expected_tokens
+
+
+class FixedK:
+    def __init__(self, k: int):
+        self.k = k
+
+    def k_for(self, source: str, k_max: int, match_len: int = 0) -> int:
+        return min(self.k, k_max)
+
+    def update(self, draft, accepted: int, seq: list[int]) -> None:
+        pass
+
+    def describe(self) -> str:
+        return f"fixed k={self.k}"
+
+
+def _bucket(source: str, match_len: int) -> tuple[str, int]:
+    return (source, min(match_len, 4)) if source == "ngram" else (source, 0)
+
+
+class AdaptivePolicy:
+    PRIOR = {"model": 0.7, "ngram": 0.5}  # before any evidence (n-gram: the longer the match, the higher)
+    RATE = 0.15  # weight of the newest observation in the running estimate
+    MIN_GAIN = 1.02  # draft only when expected to beat plain by at least this factor (noise margin)
+    PROBE_EVERY = 48  # model rounds skipped between probes, when the model could pay at all
+
+    def __init__(self, costs: CostProfile, k_max: int):
+        self.costs, self.k_max = costs, k_max
+        self.alpha: dict[tuple[str, int], list[float]] = {}
+        self.shadow: tuple[tuple[str, int], int, list[int]] | None = None  # (bucket, start, tokens)
+        self.skipped_model = 0
+        # can a model draft pay on this machine even when it is right 95% of the time?
+        _, self.model_ceiling = best_k([0.95] * k_max, k_max, costs, "model") if costs.t_draft else (0, 0.0)
+        self.rounds = {"plain": 0, "ngram": 0, "model": 0}
+
+    def estimate(self, source: str, match_len: int = 0) -> list[float]:
+        key = _bucket(source, match_len)
+        if key not in self.alpha:
+            prior = self.PRIOR[source] + (0.1 * (key[1] - 2) if source == "ngram" else 0.0)
+            self.alpha[key] = [min(0.95, max(0.05, prior))] * self.k_max
+        return self.alpha[key]
+
+    def k_for(self, source: str, k_max: int, match_len: int = 0) -> int:
+        a = self.estimate(source, match_len)
+        k, gain = best_k(a, k_max, self.costs, source)
+        if k and gain < self.MIN_GAIN:
+            k = 0
+        if source == "model":
+            if k == 0 and self.model_ceiling >= 1.1:
+                self.skipped_model += 1
+                if self.skipped_model >= self.PROBE_EVERY:  # acceptance may have risen: look again
+                    k = 1
+            if k:
+                self.skipped_model = 0
+        return k
+
+    def expected_speedup(self, source: str, k: int, match_len: int = 0) -> float:
+        return expected_tokens(self.estimate(source, match_len), k) / self.costs.round_cost(source, k) * self.costs.t_decode
+
+    def _learn(self, key: tuple[str, int], drafted: int, accepted: int) -> None:
+        a = self.alpha.setdefault(key, self.estimate(*key))
+        for i in range(min(drafted, accepted + 1, len(a))):
+            hit = 1.0 if i < accepted else 0.0
+            a[i] += self.RATE * (hit - a[i])
+
+    def update(self, draft, accepted: int, seq: list[int]) -> None:
+        self.rounds["plain" if not draft.tokens else draft.source] += 1
+        if draft.tokens:
+            self._learn(_bucket(draft.source, draft.match_len), len(draft.tokens), accepted)
+        self._score_shadow(seq)
+        if self.shadow and draft.shadow:  # still undecided: keep what matched so far
+            key, start, tokens = self.shadow
+            m = _match(seq[start:], tokens)
+            if m:
+                self._learn(key, m, m)
+        if draft.shadow:  # the proposal continued the text as it stood before this round's tokens
+            self.shadow = (_bucket("ngram", draft.match_len), len(seq) - accepted - 1, draft.shadow)
+
+    def _score_shadow(self, seq: list[int]) -> None:
+        if not self.shadow:
+            return
+        key, start, tokens = self.shadow
+        known = seq[start:start + len(tokens)]
+        m = _match(known, tokens)
+        if m < len(known) or len(known) == len(tokens):  # decided: a mismatch, or all confirmed
+            self._learn(key, len(tokens), m)
+            self.shadow = None
+
+    def describe(self) -> str:
+        r = self.rounds
+        return (f"auto: {r['plain']} plain, {r['ngram']} n-gram, {r['model']} model rounds; "
+                f"T_verify/T_decode = {', '.join(f'{x:.2f}' for x in self.costs.relative_verify()[:6])}")
+
+
+def _match(a: list[int], b: list[int]) -> int:
+    m = 0
+    for x, y in zip(a, b):
+        if x != y:
+            break
+        m += 1
+    return m
+
+
+def make_policy(cfg: GenConfig, profile: CostProfile | None, drafter):
+    if cfg.spec == "on":
+        return FixedK(cfg.draft_max)
+    if cfg.spec == "auto":
+        if profile is None:
+            raise ValueError("--spec auto needs a cost profile (the engine measures one)")
+        return AdaptivePolicy(profile, cfg.draft_max)
+    return FixedK(0)

@@ -1,0 +1,70 @@
+from __future__ import annotations
+
+import os
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).parent))
+from tinygguf import build_tiny_model  # noqa: E402
+
+
+@pytest.fixture(autouse=True)
+def localspec_home(tmp_path, monkeypatch):
+    """Every test gets its own data root; nothing touches the user's real one."""
+    home = tmp_path / "localspec-home"
+    monkeypatch.setenv("LOCALSPEC_HOME", str(home))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf-home"))
+    return home
+
+
+@dataclass
+class TinyModels:
+    dir: Path
+    target: Path  # the target
+    same: Path  # a draft identical to the target: acceptance must be 100%
+    perturbed: Path  # the target's weights plus noise: partial acceptance
+    bad: Path  # a different random model with the same vocab: low acceptance
+    no_template: Path  # the target without a chat template in its GGUF
+    other_vocab: Path  # same architecture, a vocabulary with different token text
+
+
+@pytest.fixture(scope="session")
+def tiny(tmp_path_factory) -> TinyModels:
+    d = tmp_path_factory.mktemp("tiny-gguf")
+    import gguf  # noqa: F401  (fail early and clearly if the test extra is missing)
+
+    build_tiny_model(d / "target.gguf", seed=0)
+    build_tiny_model(d / "same.gguf", seed=0)
+    build_tiny_model(d / "perturbed.gguf", seed=0, perturb=0.1)
+    build_tiny_model(d / "bad.gguf", seed=7)
+    build_tiny_model(d / "no-template.gguf", seed=0, chat_template=None)
+    _build_other_vocab(d / "other-vocab.gguf")
+    return TinyModels(d, d / "target.gguf", d / "same.gguf", d / "perturbed.gguf", d / "bad.gguf",
+                      d / "no-template.gguf", d / "other-vocab.gguf")
+
+
+def _build_other_vocab(path: Path) -> None:
+    import tinygguf
+
+    orig = tinygguf.WORDS
+    try:
+        tinygguf.WORDS = ["zz" + w for w in orig]
+        build_tiny_model(path, seed=0)
+    finally:
+        tinygguf.WORDS = orig
+
+
+def real_pair_paths() -> tuple[Path, Path] | None:
+    """The real Qwen pair from the installed bundle, or None (the test is then skipped)."""
+    try:
+        from localspec.models import bundle_paths_if_installed
+    except Exception:
+        return None
+    return bundle_paths_if_installed()
+
+
+THREADS = int(os.environ.get("LOCALSPEC_TEST_THREADS", "2"))
