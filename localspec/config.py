@@ -18,10 +18,11 @@ def default_threads() -> int:
 @dataclass
 class GenConfig:
     # --- sampling (applied identically to the target p and the draft q) ---
-    temperature: float = 0.0  # 0 = greedy: every emitted token is the target's argmax
-    top_k: int = 0  # 0 = off; keep only the k most likely tokens
-    top_p: float = 1.0  # 1.0 = off; nucleus sampling mass
-    min_p: float = 0.0  # 0.0 = off; drop tokens below min_p * p(top token)
+    # defaults are llama.cpp's (llama-cli, llama-server), so answers feel the same as there
+    temperature: float = 0.8  # 0 = greedy: every emitted token is the target's argmax
+    top_k: int = 40  # 0 = off; keep only the k most likely tokens
+    top_p: float = 0.95  # 1.0 = off; nucleus sampling mass (on the untempered softmax)
+    min_p: float = 0.05  # 0.0 = off; drop tokens below min_p * p(top token)
     seed: int | None = None  # fixes the sampler's RNG so runs are reproducible
 
     # --- speculation ---
