@@ -57,7 +57,7 @@ def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = build_parser()
     # `localspec "prompt"` and `echo hi | localspec` mean `localspec run ...`
-    if not argv and not sys.stdin.isatty():
+    if not argv and sys.stdin is not None and not sys.stdin.isatty():
         argv = ["run"]
     if argv and argv[0] not in _known_commands(parser) and argv[0] not in ("-h", "--help", "--version"):
         argv = ["run", *argv]

@@ -121,6 +121,13 @@ class Engine:
         add_bos = m.add_bos and not (bos_text and text.startswith(bos_text))
         return m.tokenize(text, add_special=add_bos, parse_special=True)
 
+    def check_prompt(self, prompt: list[int]) -> None:
+        if not prompt:
+            raise ConfigError("empty prompt; give some text to answer")
+        if len(prompt) >= self.target.n_ctx:
+            raise ContextFullError(f"the prompt is {len(prompt)} tokens but the context holds "
+                                   f"{self.target.n_ctx}; shorten it or raise --ctx-size")
+
     # --- generation -------------------------------------------------------------------------
     def make_drafter(self, cfg: GenConfig, rng):
         model = DraftModel(self.draft_ctx, cfg, rng) if self.draft_ctx else None
@@ -139,11 +146,7 @@ class Engine:
                  cancel: Callable[[], bool] | None = None) -> Iterator[Chunk]:
         """Stream confirmed text. Afterwards `self.last_stats` holds the run's figures."""
         m, tgt = self.target_model, self.target
-        if not prompt:
-            raise ConfigError("empty prompt; give some text to answer")
-        if len(prompt) >= tgt.n_ctx:
-            raise ContextFullError(f"the prompt is {len(prompt)} tokens but the context holds {tgt.n_ctx}; "
-                                   "shorten it or raise --ctx-size")
+        self.check_prompt(prompt)
         rng = np.random.default_rng(cfg.seed)
         stats = self.last_stats = Stats(prompt_tokens=len(prompt))
         seq = list(prompt)

@@ -136,14 +136,20 @@ def gen_config(args, sel: Selection | None = None) -> GenConfig:
     return cfg
 
 
-def open_engine(args, sel: Selection, cfg: GenConfig, quiet: bool = False):
-    """Load the pair; for --spec auto make sure a measured cost profile exists."""
+def open_engine(args, sel: Selection, cfg: GenConfig, quiet: bool = False, tune: bool = True):
+    """Load the pair; for --spec auto make sure a measured cost profile exists (tune=False: later,
+    with `prepare_auto`, once the prompt is known to be fine)."""
     from ..engine import Engine
+
+    engine = Engine(sel.target, sel.draft, load_config(args, sel))
+    if tune:
+        prepare_auto(engine, cfg, quiet)
+    return engine
+
+
+def prepare_auto(engine, cfg: GenConfig, quiet: bool = False) -> None:
     from ..tuning import ensure_profile
 
-    load = load_config(args, sel)
-    engine = Engine(sel.target, sel.draft, load)
-    if cfg.spec == "auto":
+    if cfg.spec == "auto" and engine.profile is None:
         ensure_profile(engine, on_measure=None if quiet else lambda: sys.stderr.write(
             "measuring pass costs on this machine for --spec auto (once; `localspec tune` redoes it)...\n"))
-    return engine

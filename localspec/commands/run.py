@@ -7,7 +7,7 @@ import sys
 
 from ..engine import Message
 from ..errors import ConfigError
-from .common import add_gen_args, add_model_args, gen_config, open_engine, select_models
+from .common import add_gen_args, add_model_args, gen_config, open_engine, prepare_auto, select_models
 
 
 def register(sub) -> None:
@@ -29,12 +29,28 @@ def register(sub) -> None:
     v.set_defaults(func=cmd_verify)
 
 
+def piped_stdin(wait_s: float | None) -> str:
+    """Text piped into us, or "". With a prompt on the command line we wait at most `wait_s` for a
+    pipe to say something, so an inherited, never-closed stdin (some CI runners) cannot hang us."""
+    try:
+        if sys.stdin is None or sys.stdin.isatty():
+            return ""
+        fd = sys.stdin.fileno()
+    except (OSError, ValueError, AttributeError):
+        return ""
+    if wait_s is not None:
+        import select
+
+        if not select.select([fd], [], [], wait_s)[0]:
+            return ""
+    return sys.stdin.read()
+
+
 def read_prompt(args) -> str:
     parts = []
-    if not sys.stdin.isatty():
-        piped = sys.stdin.read()
-        if piped.strip():
-            parts.append(piped.rstrip("\n"))
+    piped = piped_stdin(2.0 if args.prompt else None)
+    if piped.strip():
+        parts.append(piped.rstrip("\n"))
     if args.prompt:
         parts.append(" ".join(args.prompt))
     text = "\n\n".join(parts)
@@ -47,9 +63,11 @@ def cmd_run(args) -> int:
     prompt_text = read_prompt(args)
     sel = select_models(args)
     cfg = gen_config(args, sel)
-    engine = open_engine(args, sel, cfg, quiet=args.json)
+    engine = open_engine(args, sel, cfg, tune=False)
     messages = ([Message("system", args.system)] if args.system else []) + [Message("user", prompt_text)]
     prompt = engine.prompt_tokens(prompt_text if args.raw else messages, raw=args.raw)
+    engine.check_prompt(prompt)
+    prepare_auto(engine, cfg, quiet=args.json)
     out = sys.stdout
     pieces = []
     for chunk in engine.generate(prompt, cfg):

@@ -1,0 +1,132 @@
+"""`localspec run` / `verify` transcripts and bad input: one line, non-zero exit, no traceback."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from localspec.cli import main
+
+
+def cli(capsys, *args):
+    rc = main(list(args))
+    out, err = capsys.readouterr()
+    return rc, out, err
+
+
+def pair(tiny, draft=None):
+    return ["--target", str(tiny.target), "--draft", str(draft or tiny.same), "--threads", "2", "-c", "512"]
+
+
+def test_run_json_transcript(tiny, capsys):
+    rc, out, err = cli(capsys, "run", *pair(tiny), "--json", "-k", "4", "--temperature", "0", "--spec", "on",
+                       "--drafter", "model", "--max-tokens", "24", "hello world")
+    assert rc == 0 and err == ""
+    obj = json.loads(out)
+    assert set(obj) == {"text", "tokens", "pair", "stats"}
+    st = obj["stats"]
+    assert obj["tokens"] == st["tokens"] > 0
+    assert st["acceptance_rate"] == 1.0  # identical draft
+    for key in ("target_passes", "drafted", "accepted", "mean_accepted_length", "tokens_per_second",
+                "accepted_by_position", "prompt_eval_s", "draft_s", "verify_s", "other_s", "overhead_share"):
+        assert key in st
+    assert sum(st["accepted_by_position"]) == st["accepted"]
+    assert sum(st["drafted_by_position"]) == st["drafted"]
+
+
+def test_run_streams_same_text_as_json_and_stats_go_to_stderr(tiny, capsys):
+    args = [*pair(tiny, tiny.perturbed), "--temperature", "0", "--max-tokens", "20", "--spec", "on", "the cache"]
+    rc, out, err = cli(capsys, "run", *args, "--stats")
+    assert rc == 0
+    rc, js, _ = cli(capsys, "run", *args, "--json")
+    assert out == json.loads(js)["text"] + "\n"
+    lines = err.strip().splitlines()
+    assert lines[0].startswith("draft acceptance rate = ") and "accepted /" in lines[0]
+    assert any(line.startswith("tokens = ") and "target passes" in line for line in lines)
+
+
+def test_bare_prompt_means_run_and_no_spec_is_plain(tiny, capsys):
+    rc, out, err = cli(capsys, *pair(tiny), "--no-spec", "--json", "--temperature", "0", "-n", "10", "hello")
+    st = json.loads(out)["stats"]
+    assert rc == 0 and st["drafted"] == 0 and st["spec_mode"] == "off" and st["rounds_plain"] == st["target_passes"]
+
+
+def test_auto_measures_a_profile_once(tiny, capsys, localspec_home):
+    rc, _, err = cli(capsys, *pair(tiny), "-n", "5", "hello")
+    assert rc == 0 and "measuring pass costs" in err
+    assert list((localspec_home / "profiles").glob("*.json"))
+    rc, _, err = cli(capsys, *pair(tiny), "-n", "5", "hello")
+    assert rc == 0 and "measuring" not in err
+
+
+def test_verify_reports_ok(tiny, capsys):
+    rc, out, err = cli(capsys, "verify", *pair(tiny, tiny.perturbed), "-n", "24")
+    assert rc == 0, out + err
+    assert out.strip().splitlines()[-1] == "verdict: OK"
+    assert out.startswith("logit noise between batched and single-token evaluation: ")
+
+
+def _one_line_error(rc, out, err, *needles):
+    assert rc != 0
+    assert out == ""
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), err
+    assert "Traceback" not in err
+    for n in needles:
+        assert n in lines[0], lines[0]
+
+
+def test_missing_file(tmp_path, capsys):
+    _one_line_error(*cli(capsys, "run", "--target", str(tmp_path / "nope.gguf"), "hi"), "not found")
+
+
+def test_not_a_gguf(tmp_path, capsys):
+    f = tmp_path / "notes.gguf"
+    f.write_text("hello, I am a text file pretending to be a model\n" * 100)
+    _one_line_error(*cli(capsys, "run", "--target", str(f), "hi"), "not a GGUF")
+
+
+def test_truncated_gguf(tiny, tmp_path, capsys):
+    f = tmp_path / "truncated.gguf"
+    f.write_bytes(tiny.target.read_bytes()[:200_000])
+    _one_line_error(*cli(capsys, "run", "--target", str(f), "hi"), "could not load")
+
+
+def test_incompatible_pair(tiny, capsys):
+    _one_line_error(*cli(capsys, "run", "--target", str(tiny.target), "--draft", str(tiny.other_vocab), "hi"),
+                    "not compatible", "token")
+
+
+def test_empty_prompt(tiny, capsys, monkeypatch):
+    monkeypatch.setattr(sys, "stdin", open(os.devnull))
+    _one_line_error(*cli(capsys, "run", *pair(tiny), "   "), "empty prompt")
+
+
+def test_prompt_longer_than_context(tiny, capsys):
+    _one_line_error(*cli(capsys, "run", *pair(tiny), "--raw", "the cache " * 400), "context holds")
+
+
+def test_no_chat_template_is_reported(tiny, capsys):
+    _one_line_error(*cli(capsys, "run", "--target", str(tiny.no_template), "hi"), "no chat template", "--raw")
+
+
+def test_bad_flag_value(capsys):
+    with pytest.raises(SystemExit) as e:
+        main(["run", "--top-p", "3", "hi"])
+    assert e.value.code == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("error: ")
+
+
+def test_piped_stdin_is_prepended(tiny):
+    """A real process: stdin piped, text on stdout, nothing else."""
+    r = subprocess.run([sys.executable, "-m", "localspec", "run", *pair(tiny), "--json", "--temperature", "0",
+                        "-n", "4", "--spec", "off", "summarize this"], input="the cache is fast",
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    obj = json.loads(r.stdout)
+    assert obj["stats"]["prompt_tokens"] > 15  # both the piped text and the argument went in

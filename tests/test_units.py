@@ -1,0 +1,98 @@
+"""Pure helpers: sampling filters, accept rules, text streaming, n-gram lookup, policy."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from localspec.config import GenConfig
+from localspec.costmodel import CostProfile
+from localspec.drafters import NgramDrafter
+from localspec.policy import AdaptivePolicy, FixedK
+from localspec.sampling import accept_greedy, logits_to_probs, residual, top2_margin
+from localspec.text import TextStream
+
+
+def test_logits_to_probs_filters_like_llama_cpp():
+    logits = np.log(np.array([0.5, 0.3, 0.15, 0.05]))
+    p = logits_to_probs(logits, GenConfig(temperature=1.0, top_k=0, top_p=1.0, min_p=0.0))
+    assert np.allclose(p, [0.5, 0.3, 0.15, 0.05])
+    p = logits_to_probs(logits, GenConfig(temperature=1.0, top_k=2, top_p=1.0, min_p=0.0))
+    assert np.allclose(p, [0.625, 0.375, 0, 0])
+    p = logits_to_probs(logits, GenConfig(temperature=1.0, top_k=0, top_p=0.8, min_p=0.0))
+    assert np.allclose(p, [0.625, 0.375, 0, 0])  # 0.5 + 0.3 reaches 0.8
+    p = logits_to_probs(logits, GenConfig(temperature=1.0, top_k=0, top_p=1.0, min_p=0.2))
+    assert np.allclose(p[3], 0) and p[2] > 0  # 0.05 < 0.2 * 0.5 <= 0.15
+    hot = logits_to_probs(logits, GenConfig(temperature=2.0, top_k=0, top_p=1.0, min_p=0.0))
+    assert hot[3] > 0.05 and np.isclose(hot.sum(), 1)
+
+
+def test_top_p_on_a_large_vocab_uses_the_head_correctly():
+    rng = np.random.default_rng(0)
+    logits = rng.standard_normal(50_000) * 3
+    cfg = GenConfig(temperature=1.0, top_k=0, top_p=0.9, min_p=0.0)
+    p = logits_to_probs(logits, cfg)
+    full = np.exp(logits - logits.max())
+    full /= full.sum()
+    order = np.argsort(-full)
+    cut = int(np.searchsorted(np.cumsum(full[order]), 0.9)) + 1
+    assert set(np.flatnonzero(p)) == set(order[:cut])
+
+
+def test_accept_greedy_and_residual():
+    assert accept_greedy([1, 2, 3], [1, 2, 9, 4]) == 2
+    assert accept_greedy([], [5]) == 0
+    p = np.array([0.5, 0.3, 0.2])
+    q = np.array([0.2, 0.6, 0.2])
+    assert np.allclose(residual(p, q, 1), [1.0, 0.0, 0.0])
+    assert np.allclose(residual(p, None, 0), [0.0, 0.6, 0.4])
+    assert top2_margin(np.array([1.0, 3.0, 2.5])) == 0.5
+
+
+def test_text_stream_never_splits_utf8_and_never_passes_a_stop_string():
+    s = TextStream(stop=["END"])
+    snow = "é☃".encode()
+    out = [s.push(snow[:1]), s.push(snow[1:3]), s.push(snow[3:]), s.push(b" E"), s.push(b"N"), s.push(b"Dmore")]
+    assert out[0] == "" and "".join(out) == "é☃ "
+    assert s.stopped and s.push(b"x") == "" and s.flush() == ""
+    s = TextStream(stop=["END"])
+    assert s.push(b"EN") == "" and s.flush() == "EN"  # a held-back prefix is released at the end
+
+
+def test_ngram_lookup_is_the_latest_earlier_occurrence():
+    d = NgramDrafter(2, 3)
+    seq = [1, 2, 3, 4, 9, 1, 2, 3, 5, 7, 1, 2]
+    d.begin(seq)
+    draft = d.propose(seq, 3, FixedK(3))
+    assert draft.tokens == [3, 5, 7] and draft.match_len == 2 and draft.source == "ngram"
+    seq.append(3)  # suffix (1, 2, 3) now matches twice; the latest wins
+    assert d.propose(seq, 2, FixedK(2)).tokens == [5, 7]
+    assert d.propose([8, 6], 3, FixedK(3)).tokens == []  # another conversation: rebuilt, no match
+
+
+def test_adaptive_policy_prefers_plain_when_verification_is_expensive():
+    cpu = CostProfile(t_decode=1.0, t_verify=[1.0, 1.72, 2.30, 2.50, 3.15, 3.76], t_draft=0.49)
+    pol = AdaptivePolicy(cpu, 4)
+    assert pol.k_for("model", 4) == 0  # a model draft at 0.49 of the target cannot pay here
+    pol.alpha[("ngram", 4)] = [0.95] * 4
+    assert pol.k_for("ngram", 4, match_len=4) >= 3  # a free draft that is usually right does
+    gpu = CostProfile(t_decode=1.0, t_verify=[1.0, 1.02, 1.04, 1.06, 1.08, 1.1], t_draft=0.15)
+    assert AdaptivePolicy(gpu, 4).k_for("model", 4) >= 3
+
+
+def test_adaptive_policy_learns_from_shadow_drafts():
+    from localspec.drafters import Draft
+
+    cpu = CostProfile(t_decode=1.0, t_verify=[1.0, 1.72, 2.30, 2.50, 3.15], t_draft=None)
+    pol = AdaptivePolicy(cpu, 4)
+    pol.alpha[("ngram", 2)] = [0.1] * 4
+    assert pol.k_for("ngram", 4, 2) == 0
+    seq = [1, 2, 3]
+    for _ in range(30):  # the text keeps repeating what the n-gram proposed: acceptance rises
+        proposal = [7, 8, 9, 10]
+        pol.update(Draft(source="ngram", match_len=2, shadow=proposal), 0, seq + [7])
+        seq = seq + [7]
+        for t in proposal[1:]:
+            seq = seq + [t]
+            pol.update(Draft(), 0, seq)
+    assert pol.alpha[("ngram", 2)][0] > 0.8
+    assert pol.k_for("ngram", 4, 2) > 0
