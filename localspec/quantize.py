@@ -1,0 +1,44 @@
+"""Requantize a draft model to Q4_0 with llama.cpp (`llama_model_quantize`).
+
+On x86 and ARM CPUs llama.cpp repacks Q4_0 weights into its interleaved CPU layout at load time,
+which makes a Q4_0 draft noticeably cheaper per token than Q8_0/Q4_K (measured here on the 0.5B
+draft: 16.6 ms vs 21.7 ms). Cheaper drafts move the break-even acceptance down; whether the
+coarser weights cost acceptance is measured before the file is recommended (`localspec tune`).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+from pathlib import Path
+
+from . import paths
+from .backend import check_gguf_file, llama
+from .errors import LocalspecError
+
+LLAMA_FTYPE_MOSTLY_Q4_0 = 2
+
+
+def q4_0_path_for(src: Path) -> Path:
+    return paths.models_dir() / f"{src.stem}.q4_0.gguf"
+
+
+def quantize_q4_0(src: Path, dst: Path | None = None, threads: int | None = None) -> Path:
+    """Write a Q4_0 copy of `src` (temp file, then rename: never a half-written model)."""
+    L = llama()
+    src = Path(src)
+    check_gguf_file(src)
+    dst = Path(dst) if dst else q4_0_path_for(src)
+    if dst.exists():
+        return dst
+    dst.parent.mkdir(parents=True, exist_ok=True)
+    tmp = dst.with_name(dst.name + ".partial")
+    params = L.llama_model_quantize_default_params()
+    params.ftype = LLAMA_FTYPE_MOSTLY_Q4_0
+    params.nthread = threads or (os.cpu_count() or 1)
+    rc = L.llama_model_quantize(str(src).encode(), str(tmp).encode(), ctypes.byref(params))
+    if rc != 0 or not tmp.exists():
+        tmp.unlink(missing_ok=True)
+        raise LocalspecError(f"llama.cpp could not quantize {src.name} (code {rc}); is there free disk space?")
+    tmp.replace(dst)
+    return dst
