@@ -65,13 +65,17 @@ def check_gguf_file(path: Path) -> None:
 
 class Model:
     def __init__(self, path: str | os.PathLike, n_gpu_layers: int = -1, rpc_servers: str | None = None,
-                 vocab_only: bool = False):
+                 vocab_only: bool = False, mmap: bool = False):
         L = llama()
         self.path = Path(path)
         check_gguf_file(self.path)
         params = L.llama_model_default_params()
         params.n_gpu_layers = 0x7FFFFFFF if n_gpu_layers < 0 else n_gpu_layers
         params.vocab_only = vocab_only
+        if hasattr(params, "load_mode"):  # LLAMA_LOAD_MODE_NONE = 0 (read), LLAMA_LOAD_MODE_MMAP = 1
+            params.load_mode = 1 if mmap else 0
+        elif hasattr(params, "use_mmap"):
+            params.use_mmap = mmap
         if rpc_servers:
             if not L.llama_supports_rpc():
                 raise ModelLoadError("rpc_servers given, but this llama.cpp build has no RPC backend; "

@@ -42,9 +42,9 @@ class DraftModel:
         """Prefill the draft's cache with the prompt (reusing what it already holds)."""
         self.ctx.sync(seq[:-1])
 
-    def propose(self, seq: list[int], k_max: int, policy) -> Draft:
+    def propose(self, seq: list[int], room: int, policy) -> Draft:
         ctx, cfg = self.ctx, self.cfg
-        k = policy.k_for(self.name, k_max)
+        k = policy.k_for(self.name, min(cfg.draft_max, room))
         if k == 0:
             return Draft(source=self.name)
         # roll back to the confirmed text, then evaluate what was confirmed since last round
@@ -77,8 +77,10 @@ def _top_prob(logits: np.ndarray) -> float:
 class NgramDrafter:
     name = "ngram"
 
-    def __init__(self, n_min: int = 2, n_max: int = 4):
-        self.n_min, self.n_max = n_min, n_max
+    MATCH_CAP = 32  # how far back a match is measured (its length says how trustworthy it is)
+
+    def __init__(self, n_min: int = 2, n_max: int = 4, k_max: int = 8):
+        self.n_min, self.n_max, self.k_max = n_min, n_max, k_max
         self.index: dict[tuple[int, ...], int] = {}  # n-gram -> position right after its latest occurrence
         self.seq: list[int] = []  # the sequence the index describes (a reference to the engine's list)
         self.indexed = 0  # n-grams ending at positions < indexed are in the index
@@ -105,11 +107,16 @@ class NgramDrafter:
         for n in range(min(self.n_max, len(seq) - 1), self.n_min - 1, -1):
             pos = self.index.get(tuple(seq[-n:]))
             if pos is not None:
+                # extend the match backwards: a suffix that repeats 20 tokens of earlier text
+                # (copying a function) is a far better bet than a coincidental bigram
+                end = len(seq)
+                while n < self.MATCH_CAP and pos - n - 1 >= 0 and seq[pos - n - 1] == seq[end - n - 1]:
+                    n += 1
                 return seq[pos:pos + k], n
         return [], 0
 
-    def propose(self, seq: list[int], k_max: int, policy) -> Draft:
-        found, n = self.lookup(seq, k_max)
+    def propose(self, seq: list[int], room: int, policy) -> Draft:
+        found, n = self.lookup(seq, min(self.k_max, room))
         k = policy.k_for(self.name, len(found), n) if found else 0
         return Draft(tokens=found[:k], probs=[None] * k, source=self.name, match_len=n,
                      shadow=found if found and not k else None)
@@ -128,11 +135,11 @@ class HybridDrafter:
         if self.model:
             self.model.begin(seq)
 
-    def propose(self, seq: list[int], k_max: int, policy) -> Draft:
-        d = self.ngram.propose(seq, k_max, policy)
+    def propose(self, seq: list[int], room: int, policy) -> Draft:
+        d = self.ngram.propose(seq, room, policy)
         if d.tokens and (d.match_len >= self.trust_len or self.model is None):
             return d
-        m = self.model.propose(seq, k_max, policy) if self.model else None
+        m = self.model.propose(seq, room, policy) if self.model else None
         if m and m.tokens:
             m.shadow = d.shadow
             return m

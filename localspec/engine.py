@@ -39,9 +39,8 @@ def speculative_decode(target: Context, drafter, policy, seq: list[int], cfg: Ge
         if room < 1:
             raise ContextFullError(f"context full ({target.n_ctx} tokens)")
         # 1. draft up to k tokens; the policy picks k per round, 0 meaning a plain decoding step
-        k_max = min(cfg.draft_max, room - 1)
         t0 = time.perf_counter()
-        draft = drafter.propose(seq, k_max, policy) if drafter and k_max > 0 else NO_DRAFT
+        draft = drafter.propose(seq, room - 1, policy) if drafter and room > 1 else NO_DRAFT
         t1 = time.perf_counter()
         # 2. verify: the pending token and the whole draft in ONE target pass, logits on each row
         logits = target.eval([seq[-1], *draft.tokens], logits="all")
@@ -92,11 +91,11 @@ class Engine:
     def __init__(self, target_path: str | Path, draft_path: str | Path | None = None,
                  load: LoadConfig | None = None, profile=None):
         self.load = load = load or LoadConfig()
-        self.target_model = Model(target_path, load.n_gpu_layers_target, load.rpc_servers)
+        self.target_model = Model(target_path, load.n_gpu_layers_target, load.rpc_servers, mmap=load.mmap)
         self.draft_model = None
         self.draft_ctx = None
         if draft_path:
-            self.draft_model = Model(draft_path, load.n_gpu_layers_draft)
+            self.draft_model = Model(draft_path, load.n_gpu_layers_draft, mmap=load.mmap)
             require_compatible(self.target_model.vocab_info(), self.draft_model.vocab_info())
         self.target = Context(self.target_model, load.n_ctx, load.n_batch, load.n_threads, load.n_threads_batch)
         if self.draft_model:
@@ -132,6 +131,7 @@ class Engine:
     def make_drafter(self, cfg: GenConfig, rng):
         model = DraftModel(self.draft_ctx, cfg, rng) if self.draft_ctx else None
         self.ngram.n_min, self.ngram.n_max = cfg.ngram_min, cfg.ngram_max
+        self.ngram.k_max = cfg.ngram_draft_max if cfg.spec == "auto" else cfg.draft_max
         if cfg.drafter == "model":
             if model is None:
                 raise ConfigError("--drafter model needs a draft model; pass --draft PATH or use --drafter ngram")

@@ -20,6 +20,8 @@ from .costmodel import CostProfile, best_k, expected_tokens
 
 
 class FixedK:
+    """Draft as much as the drafter offers, up to its cap (-k)."""
+
     def __init__(self, k: int):
         self.k = k
 
@@ -33,8 +35,13 @@ class FixedK:
         return f"fixed k={self.k}"
 
 
+NGRAM_BUCKETS = (2, 3, 4, 8, 16)  # match lengths whose acceptance is tracked separately
+
+
 def _bucket(source: str, match_len: int) -> tuple[str, int]:
-    return (source, min(match_len, 4)) if source == "ngram" else (source, 0)
+    if source != "ngram":
+        return (source, 0)
+    return (source, max([b for b in NGRAM_BUCKETS if b <= match_len] or [NGRAM_BUCKETS[0]]))
 
 
 class AdaptivePolicy:
@@ -55,7 +62,7 @@ class AdaptivePolicy:
     def estimate(self, source: str, match_len: int = 0) -> list[float]:
         key = _bucket(source, match_len)
         if key not in self.alpha:
-            prior = self.PRIOR[source] + (0.1 * (key[1] - 2) if source == "ngram" else 0.0)
+            prior = self.PRIOR[source] + (0.05 * NGRAM_BUCKETS.index(key[1]) if source == "ngram" else 0.0)
             self.alpha[key] = [min(0.95, max(0.05, prior))] * self.k_max
         return self.alpha[key]
 
@@ -122,9 +129,9 @@ def _match(a: list[int], b: list[int]) -> int:
 
 def make_policy(cfg: GenConfig, profile: CostProfile | None, drafter):
     if cfg.spec == "on":
-        return FixedK(cfg.draft_max)
+        return FixedK(max(cfg.draft_max, cfg.ngram_draft_max))  # each drafter applies its own cap
     if cfg.spec == "auto":
         if profile is None:
             raise ValueError("--spec auto needs a cost profile (the engine measures one)")
-        return AdaptivePolicy(profile, cfg.draft_max)
+        return AdaptivePolicy(profile, max(cfg.draft_max, cfg.ngram_draft_max))
     return FixedK(0)

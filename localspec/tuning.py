@@ -46,9 +46,9 @@ def load_profile(engine) -> CostProfile | None:
     return prof if prof and prof.key == key else None
 
 
-def tune(engine, n_max: int = 8) -> CostProfile:
+def tune(engine, n_max: int = 12) -> CostProfile:
     key = profile_key(engine)
-    prof = measure_costs(engine, n_max=n_max)
+    prof = measure_costs(engine, n_max=n_max, repeats=3, warmup=1)
     prof.key = key
     prof.save(profile_path(key))
     return prof

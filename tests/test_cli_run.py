@@ -81,7 +81,7 @@ def _one_line_error(rc, out, err, *needles):
 
 
 def test_missing_file(tmp_path, capsys):
-    _one_line_error(*cli(capsys, "run", "--target", str(tmp_path / "nope.gguf"), "hi"), "not found")
+    _one_line_error(*cli(capsys, "run", "--target", str(tmp_path / "nope.gguf"), "hi"), "nope.gguf", "no such file")
 
 
 def test_not_a_gguf(tmp_path, capsys):

@@ -21,6 +21,7 @@ def add_model_args(p: argparse.ArgumentParser, positional_pair: bool = False) ->
     g.add_argument("-c", "--ctx-size", type=int, default=None, help="context size in tokens (default: the pair's, or 4096)")
     g.add_argument("-t", "--threads", type=int, default=None, help=f"CPU threads (default: all cores, {default_threads()})")
     g.add_argument("-ngl", "--n-gpu-layers", type=int, default=None, help="layers to offload to the GPU (-1 = all)")
+    g.add_argument("--mmap", action="store_true", help="memory-map the weights (faster load, more resident memory)")
 
 
 def add_gen_args(p: argparse.ArgumentParser) -> None:
@@ -110,6 +111,8 @@ def load_config(args, sel: Selection) -> LoadConfig:
         load.n_ctx = args.ctx_size
     if args.threads:
         load.n_threads = load.n_threads_batch = args.threads
+    if getattr(args, "mmap", False):
+        load.mmap = True
     if args.n_gpu_layers is not None:
         load.n_gpu_layers_target = load.n_gpu_layers_draft = args.n_gpu_layers
     return load
@@ -125,7 +128,7 @@ def gen_config(args, sel: Selection | None = None) -> GenConfig:
         if getattr(s, "p_min", None) is not None:
             cfg.p_min = s.p_min
     if args.draft_max is not None:
-        cfg.draft_max = args.draft_max
+        cfg.draft_max = cfg.ngram_draft_max = args.draft_max
     if args.p_min is not None:
         cfg.p_min = args.p_min
     if args.drafter:
