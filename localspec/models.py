@@ -113,7 +113,9 @@ class PairSpec:
     notes: str = ""
     origin: str = ""  # the file that defined (or last changed) this pair
 
-    def settings(self) -> dict[str, Any]:
+    def settings_dict(self) -> dict[str, Any]:
+        # not named `settings`: callers read the flat attributes (spec.n_ctx), some via
+        # `getattr(spec, "settings", None) or spec`, which a method of that name would break
         return {k: getattr(self, k) for k in SETTING_KEYS}
 
 
@@ -142,9 +144,16 @@ def get_pair(name: str, registry: dict[str, PairSpec] | None = None) -> PairSpec
     registry = load_registry() if registry is None else registry
     if name in registry:
         return registry[name]
-    close = difflib.get_close_matches(name, list(registry), n=3, cutoff=0.4)
+    close = closest_names(name, list(registry))
     hint = f"did you mean {', '.join(close)}?" if close else "`localspec models` lists the pairs"
     raise ConfigError(f"unknown pair {name!r}; {hint}")
+
+
+def closest_names(name: str, names: list[str], n: int = 3) -> list[str]:
+    """Names that look like a typo of `name` or start with it, most similar first."""
+    ratio = {c: difflib.SequenceMatcher(None, name.lower(), c.lower()).ratio() for c in names}
+    close = [c for c in names if ratio[c] >= 0.5 or c.lower().startswith(name.lower())]
+    return sorted(close, key=lambda c: -ratio[c])[:n]
 
 
 class _LineDict(dict):

@@ -144,6 +144,8 @@ def test_errors_are_one_line_with_the_next_step(capsys, tmp_path):
     assert (code, out) == (1, "")
     assert err == ("error: bartowski/Qwen2.5-Coder-7B-Instruct-GGUF/Qwen2.5-Coder-7B-Instruct-Q4_K_M.gguf is not "
                    "downloaded and HF_HUB_OFFLINE=1 is set; unset HF_HUB_OFFLINE to download it\n")
+    assert run(capsys, "pull", "gemma3-4") == (2, "", "error: unknown pair 'gemma3-4'; did you mean gemma3-4b, "
+                                                      "gemma3-12b?\n")
     bad = tmp_path / "x.gguf"
     bad.write_bytes(b"<html>404</html>")
     code, out, err = run(capsys, "check", str(bad), str(bad))

