@@ -1,0 +1,150 @@
+"""The cost model and the bench's predictions, against cases worked out by hand."""
+
+from __future__ import annotations
+
+import pytest
+
+from localspec.bench import predict
+from localspec.costmodel import CostProfile, best_k, expected_tokens, predicted_speedup
+
+
+def flat(t_draft: float, n: int = 16, t_decode: float = 1.0) -> CostProfile:
+    """Verification priced like one decode, whatever the batch size."""
+    return CostProfile(t_decode=t_decode, t_verify=[t_decode] * n, t_draft=t_draft)
+
+
+# Issue 6's CPU: T_verify(n)/T_decode = 1.00/1.72/2.30/2.50/3.15 for n = 1..5, draft 0.49 x target.
+CPU = CostProfile(t_decode=1.0, t_verify=[1.00, 1.72, 2.30, 2.50, 3.15], t_draft=0.49)
+
+
+def test_worked_example_twelve_tokens_cost_under_seven_passes():
+    """k = 4, each round yields 3 tokens, draft 6x cheaper, verification priced like one decode:
+    12 tokens take 4 rounds of 4/6 + 1 = 5/3 passes each = 6.67 target passes instead of 12."""
+    costs = flat(t_draft=1 / 6)
+    per_round = costs.round_cost("model", 4)
+    assert per_round == pytest.approx(4 / 6 + 1)
+    rounds = 12 / 3
+    assert rounds * per_round == pytest.approx(6.67, abs=0.005)
+    # the same through the expected-tokens formula: 2 drafts accepted then a miss -> 3 tokens a round
+    alpha = [1.0, 1.0, 0.0, 0.0]
+    assert expected_tokens(alpha, 4) == pytest.approx(3.0)
+    assert predicted_speedup(alpha, 4, costs, "model") == pytest.approx(12 / 6.6667, rel=1e-3)
+
+
+@pytest.mark.parametrize("alpha", [0.0, 0.3, 0.5, 0.8, 0.9, 0.999])
+@pytest.mark.parametrize("k", [0, 1, 2, 3, 4, 6, 8])
+def test_expected_tokens_closed_form_matches_per_position_form(alpha, k):
+    closed = expected_tokens(alpha, k)
+    assert closed == pytest.approx(expected_tokens([alpha] * max(k, 1), k))
+    assert closed == pytest.approx(sum(alpha ** i for i in range(k + 1)))
+
+
+def test_expected_tokens_hand_values():
+    assert expected_tokens(0.5, 2) == pytest.approx(1.75)  # 1 + 0.5 + 0.25
+    assert expected_tokens(1.0, 4) == 5.0  # every draft accepted, plus the bonus token
+    assert expected_tokens(0.0, 4) == 1.0  # only the target's own token
+    assert expected_tokens([0.9, 0.5], 2) == pytest.approx(1 + 0.9 + 0.45)
+    assert expected_tokens([0.9, 0.5], 4) == pytest.approx(1 + 0.9 + 0.45 + 0.225 + 0.1125)  # last rate repeats
+
+
+def test_round_cost_and_verify_extrapolation():
+    c = CostProfile(t_decode=1.0, t_verify=[1.0, 1.5, 2.0], t_draft=0.25, t_ngram=0.01)
+    assert c.round_cost("model", 0) == 1.0  # a plain step
+    assert c.round_cost("model", 2) == pytest.approx(2 * 0.25 + 2.0)
+    assert c.round_cost("ngram", 2) == pytest.approx(0.01 + 2.0)  # one lookup, whatever k
+    assert c.verify(5) == pytest.approx(3.0)  # linear beyond the measured n = 3
+    assert c.relative_verify() == [1.0, 1.5, 2.0]
+
+
+def test_best_k_is_plain_when_verification_is_expensive_and_drafting_costly():
+    # no batching benefit at all (T_verify(n) = n x T_decode) and a draft at half the target's cost
+    linear = CostProfile(t_decode=1.0, t_verify=[float(n) for n in range(1, 9)], t_draft=0.5)
+    assert best_k(0.9, 8, linear, "model") == (0, pytest.approx(1.0))
+    # issue 6's CPU: even at 94% acceptance the model draft cannot win ...
+    k, gain = best_k(0.94, 4, CPU, "model")
+    assert (k, gain) == (0, pytest.approx(1.0))
+    for kk, expect in [(1, 1.94 / 2.21), (3, (1 + 0.94 + 0.94 ** 2 + 0.94 ** 3) / (3 * 0.49 + 2.50))]:
+        assert predicted_speedup(0.94, kk, CPU, "model") == pytest.approx(expect, rel=1e-3)
+        assert predicted_speedup(0.94, kk, CPU, "model") < 1.0
+    # ... but a free n-gram draft does: k = 3 gives 3.65 tokens per 2.50 decodes = 1.46x
+    k, gain = best_k(0.94, 4, CPU, "ngram")
+    assert k == 3
+    assert gain == pytest.approx((1 + 0.94 + 0.94 ** 2 + 0.94 ** 3) / 2.50, rel=1e-6)
+
+
+def test_best_k_is_the_argmax_when_verification_is_cheap():
+    costs = flat(t_draft=0.05)
+    k, gain = best_k(0.8, 8, costs, "model")
+    rates = {kk: expected_tokens(0.8, kk) / costs.round_cost("model", kk) for kk in range(9)}
+    assert k == max(rates, key=rates.get) and k > 0
+    assert gain == pytest.approx(rates[k] * costs.t_decode)
+    assert best_k(0.0, 8, costs, "model")[0] == 0  # drafts that are never accepted never pay
+
+
+def test_profile_roundtrip(tmp_path):
+    c = CostProfile(t_decode=0.045, t_verify=[0.045, 0.077], t_draft=0.022, key="k", measured_at="now")
+    c.save(tmp_path / "p.json")
+    assert CostProfile.load(tmp_path / "p.json") == c
+    assert CostProfile.load(tmp_path / "missing.json") is None
+
+
+# --- the bench's estimates from the engine's per-position counts -------------------------------
+
+def test_alpha_estimate_is_the_mle_for_fixed_length_drafts():
+    # four rounds of k = 3 accepting 3, 1, 0 and 2 drafts: tokens tried = 3 + 2 + 1 + 3 = 9, accepted 6
+    drafted, accepted = [4, 4, 4], [3, 2, 1]
+    assert predict.reached_by_position(drafted, accepted) == [4, 3, 2]
+    assert predict.estimate_alpha(drafted, accepted) == pytest.approx(6 / 9)
+    assert predict.conditional_by_position(drafted, accepted) == [pytest.approx(3 / 4), pytest.approx(2 / 3), 0.5]
+    assert predict.estimate_alpha([], []) is None
+
+
+def test_alpha_estimate_with_drafts_of_varying_length():
+    # rounds drafting 2, 2, 1 tokens: position 1 drafted in 2 of the 3 rounds, accepted in 1
+    drafted, accepted = [3, 2], [2, 1]
+    # reached(1) = accepted(0) x 2/3 = 4/3 rounds (in proportion); alpha = 3 / (3 + 4/3)
+    assert predict.estimate_alpha(drafted, accepted) == pytest.approx(3 / (3 + 4 / 3))
+    # never fewer rounds reached a position than accepted it
+    assert predict.reached_by_position([10, 5], [6, 5]) == [10, 5]
+
+
+def test_round_histogram():
+    assert predict.round_histogram([5, 3, 3, 1]) == {1: 2, 3: 2, 4: 1}
+    assert predict.round_histogram([]) == {}
+
+
+def test_leviathan_prediction_equals_the_cost_model_when_every_round_drafts():
+    costs = CostProfile(t_decode=1.0, t_verify=[1.0, 1.3, 1.6, 1.9, 2.2], t_draft=0.2)
+    assert predict.predict_leviathan(0.7, 4, costs) == pytest.approx(predicted_speedup(0.7, 4, costs, "model"))
+    assert predict.predict_leviathan(0.7, 4, costs, model_share=0.0) == pytest.approx(
+        predicted_speedup(0.7, 4, costs, "ngram"))
+    # half the rounds plain (no n-gram match): tokens (E + 1) / 2 per (T_verify(5) + T_decode) / 2
+    e = expected_tokens(0.7, 4)
+    assert predict.predict_leviathan(0.7, 4, costs, model_share=0.0, plain_share=0.5) == pytest.approx(
+        (e + 1) / (2.2 + 1.0))
+    assert predict.predict_leviathan(None, 4, costs) is None
+
+
+def test_prediction_from_realised_rounds_by_hand():
+    costs = CostProfile(t_decode=1.0, t_verify=[1.0, 1.5, 2.0, 2.5], t_draft=0.25)
+    # 10 tokens from 2 plain rounds, 1 round drafting 1 token and 2 rounds drafting 3 (model)
+    drafted_by_position = [3, 2, 2]
+    seconds = 2 * 1.0 + 1 * 1.5 + 2 * 2.5 + 7 * 0.25
+    got = predict.predict_from_rounds(10, 2, drafted_by_position, {"model": 7}, costs)
+    assert got == pytest.approx(10 / seconds)
+    # the same rounds drafted by n-grams cost no drafting time
+    assert predict.predict_from_rounds(10, 2, drafted_by_position, {"ngram": 7}, costs) == pytest.approx(
+        10 / (seconds - 7 * 0.25))
+    # plain decoding priced by the same model is exactly 1x
+    assert predict.predict_from_rounds(5, 5, [], {}, costs) == pytest.approx(1.0)
+    assert predict.predict_from_rounds(0, 0, [], {}, costs) is None
+
+
+def test_disturbed_costs_are_flagged():
+    from localspec.bench.report import cost_warnings
+
+    assert cost_warnings(CPU) == []
+    # measured while another process hogged the cores: one token slower than four
+    busy = CostProfile(t_decode=6.4, t_verify=[6.4, 0.38, 0.64, 0.96], t_draft=0.2)
+    (msg,) = cost_warnings(busy)
+    assert "T_verify(2)" in msg and "busy" in msg
