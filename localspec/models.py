@@ -761,7 +761,7 @@ def resolve_model_ref(ref: str, role: str, pull: bool = False, notify: Notify | 
         return path.resolve()
     hub = parse_hub_ref(ref)
     if hub is None:
-        raise ModelLoadError(f"--{role} {ref}: no such file; pass a .gguf path or ORG/REPO/FILE.gguf")
+        raise ModelLoadError(f"{role} model file not found: {ref}; pass an existing .gguf path or ORG/REPO/FILE.gguf")
     hf = HfSource(hub.repo, hub.file, hub.revision)
     cached = hf_cached_file(hf.repo, hf.file, hf.revision)
     if cached is not None:

@@ -157,7 +157,7 @@ def test_explicit_paths_win_and_a_target_alone_means_no_draft(tiny):
     assert (r.target_path, r.draft_path) == (tiny.target, tiny.same)
     with pytest.raises(ConfigError, match="--draft needs --target"):
         models.resolve_pair(draft=str(tiny.same))
-    with pytest.raises(ModelLoadError, match="no such file"):
+    with pytest.raises(ModelLoadError, match="target model file not found: .*nope.gguf; pass an existing .gguf"):
         models.resolve_pair(target=str(tiny.dir / "nope.gguf"))
 
 
