@@ -349,3 +349,59 @@ def test_list_workloads(capsys):
     for name in wl.BUILTIN:
         assert f"{name} (" in out
     assert "edit-01" in out
+
+
+def _documented_command() -> list[str]:
+    import re
+    import shlex
+    from pathlib import Path
+
+    text = (Path(__file__).parent.parent / "docs" / "BENCHMARKS.md").read_text()
+    block = re.search(r"```sh\n(localspec bench .*?)```", text, re.S).group(1)
+    return shlex.split(block.replace("\\\n", " "))
+
+
+def test_documented_command_matches_the_script():
+    from pathlib import Path
+
+    doc = _documented_command()
+    script = (Path(__file__).parent.parent / "scripts" / "bench-default").read_text()
+    settings = [doc[i + 1] for i, a in enumerate(doc) if a == "--setting"]
+    assert settings == ["on:ngram:4", "on:hybrid:4", "auto:hybrid"]
+    for s in settings:
+        assert f"--setting {s}" in script
+    assert doc[doc.index("-k") + 1] == "1,2,3,4,6" and "K=${K:-1,2,3,4,6}" in script
+    assert doc[doc.index("--workloads") + 1] == "chat,code,edit,support,docqa,extract"
+    assert "--workloads chat,code,edit,support,docqa,extract" in script
+    for flag, env in (("--max-tokens", "MAX_TOKENS:-"), ("--prompts-per-workload", "PROMPTS:-"),
+                      ("--baseline-every", "BASELINE_EVERY:-"), ("--repeat", "REPEAT:-")):
+        assert f"{env}{doc[doc.index(flag) + 1]}}}" in script, flag
+
+
+def test_documented_command_runs_and_fills_the_doc_block(tiny, tmp_path):
+    """The docs' command on the tiny pair, shrunk (1 prompt, 6 tokens) and writing to a copy of the doc."""
+    from pathlib import Path
+
+    argv = _documented_command()[2:]  # drop "localspec bench"
+    md = tmp_path / "BENCHMARKS.md"
+    md.write_text((Path(__file__).parent.parent / "docs" / "BENCHMARKS.md").read_text())
+    for flag, value in (("--max-tokens", "6"), ("--prompts-per-workload", "1"),
+                        ("--report", str(tmp_path / "bench" / "cpu.md")), ("--doc-block", f"{md}:cpu-default")):
+        argv[argv.index(flag) + 1] = value
+    code, out, err = bench([*argv, *model_args(tiny, tiny.perturbed), "-q"], tmp_path / "home")
+    assert code == 0, err
+    text = md.read_text()
+    block = text.split("<!-- bench:cpu-default -->")[1].split("<!-- /bench:cpu-default -->")[0]
+    assert "To be filled" not in block and "llama-cpp-python 0.3" in block
+    assert "| workload | plain tok/s | model k=1 |" in block and "auto hybrid k<=4/8" in block
+    assert "| docqa |" in block and "[bench/cpu.md](bench/cpu.md)" in block
+    assert "<!-- bench:gpu-default -->\n*To be filled" in text  # other blocks untouched
+    assert (tmp_path / "bench" / "cpu.json").exists()
+
+
+def test_doc_block_is_checked_before_the_run(tmp_path, capsys):
+    md = tmp_path / "doc.md"
+    md.write_text("# no markers here\n")
+    code = main(["bench", "--doc-block", f"{md}:cpu-default", "--target", str(tmp_path / "none.gguf")])
+    err = capsys.readouterr().err
+    assert code == 2 and "has no block <!-- bench:cpu-default -->" in err

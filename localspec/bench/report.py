@@ -167,23 +167,26 @@ def detail_rows(w: dict, sep: str = "-") -> list[list[str]]:
     return rows
 
 
-def matrix(doc: dict, key) -> tuple[list[str], list[list[str]]]:
+def matrix(doc: dict, key, plain: bool = False) -> tuple[list[str], list[list[str]]]:
+    """Workloads x settings; with `plain`, a column of plain tok/s after the workload."""
     labels = [s["label"] for s in doc["settings"]]
     rows = []
     for w in doc["workloads"]:
         by = {s["setting"]["label"]: s for s in w["settings"]}
-        rows.append([w["workload"], *[key(by[lab]) if lab in by else "" for lab in labels]])
-    return ["workload", *labels], rows
+        first = [w["workload"]] + ([f2(w["plain"]["tps"]["median"] if w["plain"]["tps"] else None, 1)] if plain else [])
+        rows.append([*first, *[key(by[lab]) if lab in by else "" for lab in labels]])
+    return ["workload", *(["plain tok/s"] if plain else []), *labels], rows
 
 
 def header_lines(doc: dict) -> list[str]:
     o, pair, load = doc["options"], doc["pair"], doc["load"]
     mode = "greedy" if o["temperature"] <= 0 else f"temperature {o['temperature']} (seed {o['seed']})"
+    files = Path(pair["target"]).name + (f" + {Path(pair['draft']).name}" if pair["draft"] else " (no draft model)")
+    same = pair["name"] in (files, Path(pair["target"]).name)
     return [
-        f"pair: {pair['name']} (target {Path(pair['target']).name}"
-        + (f", draft {Path(pair['draft']).name})" if pair["draft"] else ", no draft model)"),
+        f"pair: {files}" if same else f"pair: {pair['name']} ({files})",
         f"{load['threads']} threads, {mode}, max {o['max_tokens']} new tokens, "
-        f"{o['prompts_per_workload'] or 'all'} prompts per workload, repeat {o['repeat']}, "
+        f"{o['prompts_per_workload'] or 'all'} prompt(s) per workload, repeat {o['repeat']}, "
         f"plain run after every {o['baseline_every']} speculative run(s)",
     ]
 
@@ -198,7 +201,7 @@ def text_report(doc: dict) -> str:
         out.append(f"warning: {wmsg}")
     out.append("")
     out.append("speed ratio, speculative / plain tok/s (median over prompts; above 1.00 = faster than plain):")
-    h, rows = matrix(doc, lambda s: f2(s["ratio"]["median"]) if s["ratio"] else "n/a")
+    h, rows = matrix(doc, lambda s: f2(s["ratio"]["median"]) if s["ratio"] else "n/a", plain=True)
     out += text_table(h, rows)
     out.append("")
     out.append("acceptance rate (accepted / drafted tokens):")
@@ -248,16 +251,7 @@ def markdown_report(doc: dict, plots: list[tuple[str, str]] | None, plot_note: s
         out += [f"`--spec auto` used the stored cost profile measured {ap['measured_at'] or '(unknown time)'}: "
                 f"T_verify(n)/T_decode = {', '.join(f'{x:.2f}' for x in ap['verify_ratio'][:8])}"
                 + (f", T_draft/T_decode = {ap['draft_ratio']:.2f}" if ap["draft_ratio"] else "") + ".", ""]
-    out += ["## Speed ratio (speculative / plain tok/s, median over prompts)", ""]
-    h, rows = matrix(doc, lambda s: fspread(s["ratio"], 2, "–"))
-    out += md_table(h, rows) + [""]
-    out += ["## Measured vs predicted speedup (pooled over prompts)", "",
-            "Each cell: measured / Leviathan prediction / realised-rounds prediction.", ""]
-    h, rows = matrix(doc, lambda s: f"{f2(s['ratio_pooled'])} / {f2(s['predicted']['leviathan'])} / {f2(s['predicted']['rounds'])}")
-    out += md_table(h, rows) + [""]
-    out += ["## Acceptance rate (accepted / drafted)", ""]
-    h, rows = matrix(doc, lambda s: f2(s["pooled"]["acceptance_rate"]))
-    out += md_table(h, rows) + [""]
+    out += summary_tables(doc, "##")
     for w in doc["workloads"]:
         out += [f"## {w['workload']}: {w['description']}", "",
                 f"Prompts: {', '.join(w['prompts'])}. Plain: {fspread(w['plain']['tps'], 1, '–')} tok/s.", ""]
@@ -272,6 +266,67 @@ def markdown_report(doc: dict, plots: list[tuple[str, str]] | None, plot_note: s
     if doc.get("json_file"):
         out += [f"All figures, per prompt: [{doc['json_file']}]({doc['json_file']}).", ""]
     return "\n".join(out)
+
+
+def summary_tables(doc: dict, level: str = "**") -> list[str]:
+    """The headline tables: speed ratio, measured vs predicted, acceptance (markdown)."""
+    def title(t):
+        return [f"{level} {t}", ""] if level.startswith("#") else [f"**{t}**", ""]
+
+    out = title("Speed ratio: speculative / plain tok/s, median [min–max] over prompts")
+    h, rows = matrix(doc, lambda s: fspread(s["ratio"], 2, "–"), plain=True)
+    out += md_table(h, rows) + [""]
+    out += title("Measured vs predicted speedup, pooled over prompts: measured / Leviathan / realised rounds")
+    h, rows = matrix(doc, lambda s: f"{f2(s['ratio_pooled'])} / {f2(s['predicted']['leviathan'])} / {f2(s['predicted']['rounds'])}")
+    out += md_table(h, rows) + [""]
+    out += title("Acceptance rate (accepted / drafted) and mean accepted length per drafting round")
+    h, rows = matrix(doc, lambda s: f"{f2(s['pooled']['acceptance_rate'])} / {f2(s['pooled']['mean_accepted_length'])}")
+    out += md_table(h, rows) + [""]
+    return out
+
+
+def summary_md(doc: dict, report_link: str | None = None) -> str:
+    """A self-contained block for docs/BENCHMARKS.md: how it was measured, then the tables."""
+    c = doc["costs"]
+    m = doc["machine"]
+    out = [f"Measured {doc['created']} with localspec {doc['localspec']} and llama-cpp-python {doc['llama_cpp_python']} "
+           f"on {m['cpu']} ({m['cores']} cores, {m['platform']}).", ""]
+    out += [f"- {x}" for x in header_lines(doc)]
+    out += [f"- command: `{doc['command']}`",
+            f"- pass costs: T_decode = {ms(c['t_decode'])}; T_verify(n)/T_decode for n = 1..{len(c['verify_ratio'])}: "
+            + ", ".join(f"{x:.2f}" for x in c["verify_ratio"])
+            + (f"; T_draft/T_decode = {c['draft_ratio']:.2f}" if c["draft_ratio"] else ""), ""]
+    for wmsg in doc.get("warnings", []):
+        out += [f"> **Warning:** {wmsg}", ""]
+    out += summary_tables(doc)
+    if report_link:
+        out += [f"Full report (per-workload details, acceptance by position, time split, plots): [{report_link}]({report_link}).", ""]
+    return "\n".join(out)
+
+
+def _block(path: Path, name: str) -> tuple[str, int, int]:
+    from ..errors import ConfigError
+
+    start, end = f"<!-- bench:{name} -->", f"<!-- /bench:{name} -->"
+    try:
+        doc = path.read_text()
+    except OSError as e:
+        raise ConfigError(f"--doc-block: cannot read {path}: {e.strerror or e}")
+    i, j = doc.find(start), doc.find(end)
+    if i < 0 or j < i:
+        raise ConfigError(f"--doc-block: {path} has no block {start} ... {end}")
+    return doc, i + len(start), j
+
+
+def check_block(path: Path, name: str) -> None:
+    """Fail now, not after an hour of benchmarking, when the block is missing."""
+    _block(path, name)
+
+
+def fill_block(path: Path, name: str, text: str) -> None:
+    """Replace what stands between `<!-- bench:NAME -->` and `<!-- /bench:NAME -->` in a markdown file."""
+    doc, i, j = _block(path, name)
+    path.write_text(doc[:i] + "\n" + text.rstrip("\n") + "\n" + doc[j:])
 
 
 # --- plots ------------------------------------------------------------------------------------

@@ -55,6 +55,8 @@ def register(sub) -> None:
     o = p.add_argument_group("output")
     o.add_argument("--json", action="store_true", help="print every figure as one JSON document instead of tables")
     o.add_argument("--report", metavar="FILE.md", help="also write a markdown report, FILE.json and PNG plots next to it")
+    o.add_argument("--doc-block", metavar="FILE.md:NAME",
+                   help="also put the summary tables between <!-- bench:NAME --> and <!-- /bench:NAME --> in FILE.md")
     o.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
     o.add_argument("--list", action="store_true", help="list the workloads and their prompts, then exit")
     c = p.add_argument_group("pass costs")
@@ -117,6 +119,10 @@ def cmd_bench(args) -> int:
         raise ConfigError("--save goes with --costs (it stores the measured pass costs for --spec auto)")
     if args.temperature < 0:
         raise ConfigError("--temperature must be 0 or more")
+    if args.doc_block:
+        from ..bench.report import check_block
+
+        check_block(*_doc_block(args.doc_block))
     chosen = None
     if not args.costs:  # check the user's prompt files before loading any model
         chosen = wl.select(args.workloads, args.prompts, args.prompts_per_workload)
@@ -140,7 +146,8 @@ def _settings(args, sel):
     if p_mins and not all(0.0 <= p <= 1.0 for p in p_mins):
         raise ConfigError("--p-min: values must be between 0 and 1")
     run_ngram_k = GenConfig().ngram_draft_max  # `run` without -k: n-gram drafts may be longer than k
-    extra = [parse_setting(s, max(ks) if ks else default_k, None if ks else run_ngram_k) for s in args.setting]
+    # a --setting without K means the pair's own k, as `localspec run` uses it, whatever -k says
+    extra = [parse_setting(s, default_k, run_ngram_k) for s in args.setting]
     grid_given = any(x is not None for x in (ks, drafters, specs, p_mins))
     if not grid_given and not extra:  # plain vs the classic fixed-k draft and vs `run`'s default
         extra = [parse_setting("auto:hybrid", default_k, run_ngram_k)]
@@ -261,11 +268,31 @@ def _cmd_run(args, sel, chosen, settings) -> int:
         engine.close()
     if args.report:
         _write_report(doc, Path(args.report))
+    if args.doc_block:
+        _fill_doc(doc, args.doc_block, args.report)
     if args.json:
         sys.stdout.write(json.dumps(doc, indent=1) + "\n")
     else:
         sys.stdout.write(report.text_report(doc))
     return 0
+
+
+def _doc_block(spec: str) -> tuple[Path, str]:
+    file, sep, name = spec.rpartition(":")
+    if not sep or not file or not name:
+        raise ConfigError(f"--doc-block {spec!r}: expected FILE.md:NAME")
+    return Path(file), name
+
+
+def _fill_doc(doc: dict, spec: str, report_path: str | None) -> None:
+    import os
+
+    from ..bench import report
+
+    path, name = _doc_block(spec)
+    link = Path(os.path.relpath(report_path, path.parent)).as_posix() if report_path else None
+    report.fill_block(path, name, report.summary_md(doc, link))
+    sys.stderr.write(f"updated the {name} block of {path}\n")
 
 
 def _result_warnings(results: list[dict]) -> list[str]:
