@@ -1,0 +1,123 @@
+"""The status bar's figures: live speculation stats and the speedup estimated from measured costs.
+
+Estimated speedup over plain decoding = (tokens per target pass, measured) / (mean round cost in
+units of one plain decoding step, from the cost profile) = tokens * T_decode / (sum of round
+costs). The round costs are rebuilt from the stats: a round that drafted k tokens costs
+T_verify(k + 1) plus the drafting (k * T_draft for the draft model, ~0 for the n-gram lookup).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from textual.content import Content
+
+DRAFT_STYLE = "bold #5fd75f"  # accepted draft tokens (draft model or n-gram lookup)
+TARGET_STYLE = "#ffaf00"  # tokens the target produced itself (corrections and bonus tokens)
+
+
+def is_draft(source: str | None) -> bool:
+    return source in ("model", "ngram")
+
+
+def estimated_cost(stats, profile) -> float:
+    """Seconds the rounds of `stats` cost according to the measured profile."""
+    cost = stats.rounds_plain * profile.verify(1)
+    by_pos = stats.drafted_by_position
+    for k in range(1, len(by_pos) + 1):
+        rounds_k = by_pos[k - 1] - (by_pos[k] if k < len(by_pos) else 0)  # rounds that drafted exactly k
+        cost += rounds_k * profile.verify(k + 1)
+    cost += stats.drafted_by_drafter.get("model", 0) * (profile.t_draft or 0.0)
+    if "ngram" in stats.drafted_by_drafter:
+        cost += stats.draft_rounds * profile.t_ngram
+    return cost
+
+
+def profile_is_plausible(profile) -> bool:
+    """A pass over n tokens never costs much less than a pass over one; a profile where it does
+    was measured while something else held the CPU, and its estimates would be nonsense."""
+    tv = profile.t_verify
+    return bool(tv) and profile.t_decode > 0 and min(tv) >= 0.5 * tv[0]
+
+
+def estimated_speedup(stats, profile) -> float | None:
+    """Speedup over plain decoding implied by this reply's rounds and the measured pass costs."""
+    if profile is None or not stats.tokens or not stats.target_passes or not profile_is_plausible(profile):
+        return None
+    try:
+        cost = estimated_cost(stats, profile)
+    except (IndexError, TypeError, ZeroDivisionError):
+        return None
+    return stats.tokens * profile.t_decode / cost if cost > 0 else None
+
+
+@dataclass
+class Live:
+    """A snapshot of a reply's figures, taken in the generation thread."""
+    tokens: int = 0
+    tok_s: float = 0.0
+    drafted: int = 0
+    acceptance: float = 0.0
+    mean_accepted: float = 0.0
+    passes_per_token: float = 0.0
+    spec: str = ""
+    speedup: float | None = None
+    draft_tokens: int = 0  # emitted tokens that were accepted drafts
+    stop_reason: str = ""
+
+    @classmethod
+    def of(cls, stats, elapsed_s: float, profile) -> "Live":
+        return cls(tokens=stats.tokens, tok_s=stats.tokens / elapsed_s if elapsed_s > 0 else 0.0,
+                   drafted=stats.drafted, acceptance=stats.acceptance_rate,
+                   mean_accepted=stats.mean_accepted_length,
+                   passes_per_token=stats.target_passes / stats.tokens if stats.tokens else 0.0,
+                   spec=stats.spec_mode, speedup=estimated_speedup(stats, profile),
+                   draft_tokens=sum(v for k, v in stats.tokens_by_source.items() if is_draft(k)),
+                   stop_reason=stats.stop_reason)
+
+
+def format_status(state: str, spec: str, k: int, temperature: float, live: Live | None,
+                  provenance: bool = False, has_profile: bool = False) -> Content:
+    """One line (wrapping on narrow terminals): state │ settings │ live figures │ legend."""
+    sep = (" │ ", "dim")
+    parts: list = [(state, "bold"), sep, (f"spec {spec} k={k} temp={temperature:g}", "")]
+    if live is not None and live.tokens:
+        parts += [sep, (f"{live.tok_s:.1f} tok/s", "bold")]
+        if live.drafted:
+            parts += [sep, (f"accept {100 * live.acceptance:.0f}%", ""), sep,
+                      (f"mean acc len {live.mean_accepted:.2f}", "")]
+        else:
+            parts += [sep, ("accept n/a", "dim")]
+        parts += [sep, (f"{live.passes_per_token:.2f} passes/tok", "")]
+        if live.spec == "off":
+            parts += [sep, ("plain decoding", "dim")]
+        elif live.speedup is not None:
+            parts += [sep, (f"≈{live.speedup:.2f}× vs plain (est.)", "bold")]
+        else:
+            parts += [sep, ("speedup n/a" + (" (noisy cost profile: localspec tune)" if has_profile
+                                             else " (no cost profile)"), "dim")]
+    if provenance:
+        parts += [sep, ("■ draft", DRAFT_STYLE), (" ", ""), ("■ target", TARGET_STYLE)]
+    return Content.assemble(*parts)
+
+
+def reply_note(live: Live | None, stop_reason: str, error: str | None) -> str:
+    """The footnote under a finished reply."""
+    bits = []
+    if live is not None and live.tokens:
+        bits.append(f"{live.tokens} tok · {live.tok_s:.1f} tok/s")
+        if live.drafted:
+            bits.append(f"accept {100 * live.acceptance:.0f}% · {live.draft_tokens}/{live.tokens} from drafts")
+        if live.speedup is not None and live.spec != "off":
+            bits.append(f"≈{live.speedup:.2f}× est.")
+    why = {
+        "cancelled": "cancelled — kept what was confirmed",
+        "length": "stopped at the token limit (-n / --max-tokens)",
+        "context": "the context is full — /new starts a fresh conversation (or raise --ctx-size)",
+        "stop": "stopped at a stop string",
+    }.get(stop_reason)
+    if error:
+        why = f"reply failed: {error}" + (" — kept what was confirmed" if live and live.tokens else "")
+    if why:
+        bits.append(why)
+    return " · ".join(bits)
