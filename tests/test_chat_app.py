@@ -188,6 +188,8 @@ def test_slash_commands_change_settings(tiny):
             assert st.spec_mode == "off" and st.drafted == 0 and set(st.tokens_by_source) <= {"target"}
             assert "plain decoding" in status_text(app)
             assert "last reply" in await cmd("/stats")
+            await pilot.press("ctrl+y")  # the copy key: OSC 52 through the app's clipboard
+            assert app.clipboard == view.text
             out = await cmd("/copy")
             copies = list(paths.copies_dir().glob("*.md"))
             assert len(copies) == 1 and str(copies[0]) in out

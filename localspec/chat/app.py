@@ -30,7 +30,8 @@ from .status import Live, format_status, reply_note
 from .widgets import AssistantMessage, Notice, PromptInput, StatusBar, UserMessage, merge_runs
 
 KEYS_HELP = ("Enter send · ctrl+j newline · ↑/↓ earlier prompts · Esc cancel the reply · "
-             "ctrl+t provenance colours · ctrl+y copy the last reply · ctrl+q quit")
+             "ctrl+t provenance colours (green: accepted draft tokens, amber: the target's own) · "
+             "ctrl+y copy the last reply · ctrl+q quit")
 
 COMMANDS = [
     ("/k N", "most tokens drafted per round (0 = no drafting)"),
@@ -215,7 +216,7 @@ class ChatApp(App):
         engine = None
         try:
             self._post(LoadStep("finding the models"))
-            sel = select_models(self.args)
+            sel = select_models(self.args, notify=lambda note: self._post(LoadStep(note)))
             cfg = gen_config(self.args, sel)
             load = load_config(self.args, sel)
             names = Path(sel.target).name + (f" + draft {Path(sel.draft).name}" if sel.draft else " (no draft model)")
@@ -459,6 +460,8 @@ class ChatApp(App):
             pass
 
     async def on_reply_delta(self, msg: ReplyDelta) -> None:
+        if self.generating and self.state not in ("generating", "cancelling"):
+            self.state = "generating"  # after "measuring pass costs…"
         follow = self._at_bottom()
         await msg.view.add(msg.pieces)
         if msg.live is not None:
@@ -523,10 +526,7 @@ class ChatApp(App):
         self.provenance = not self.provenance
         for view in self.query(AssistantMessage):
             view.set_provenance(self.provenance)
-        self.refresh_status()
-        if self.provenance:
-            self.notify("provenance: green = accepted draft tokens, amber = the target's own tokens",
-                        timeout=4)
+        self.refresh_status()  # the status bar shows the legend while the view is on
 
     def action_copy_reply(self) -> None:
         if not self.last_reply:

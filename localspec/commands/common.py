@@ -79,7 +79,8 @@ class Selection:
     spec: object | None  # models.PairSpec when a named pair was used
 
 
-def select_models(args) -> Selection:
+def select_models(args, notify=None) -> Selection:
+    """notify(message): where progress notes of slow steps go (default: stderr; the chat app shows them)."""
     pair = getattr(args, "pair_opt", None) or getattr(args, "pair", None)
     if args.draft and not args.target:
         raise ConfigError("--draft needs --target too")
@@ -93,7 +94,8 @@ def select_models(args) -> Selection:
         if not args.target:
             raise ConfigError("pass --target PATH (and --draft PATH)")
         return Selection(args.target, args.target, args.draft, None)
-    r = models.resolve_pair(pair=pair, target=args.target, draft=args.draft, pull=getattr(args, "pull", False))
+    kw = {"notify": notify} if notify is not None else {}
+    r = models.resolve_pair(pair=pair, target=args.target, draft=args.draft, pull=getattr(args, "pull", False), **kw)
     return Selection(r.name, str(r.target_path), str(r.draft_path) if r.draft_path else None, r.spec)
 
 
