@@ -77,12 +77,7 @@ class Model:
         elif hasattr(params, "use_mmap"):
             params.use_mmap = mmap
         if rpc_servers:
-            if not L.llama_supports_rpc():
-                raise ModelLoadError("rpc_servers given, but this llama.cpp build has no RPC backend; "
-                                     "reinstall with CMAKE_ARGS=\"-DGGML_RPC=on\"")
-            self._rpc = ctypes.c_char_p(rpc_servers.encode())
-            if hasattr(params, "rpc_servers"):
-                params.rpc_servers = self._rpc
+            add_rpc_servers(rpc_servers)
         self.ptr = L.llama_model_load_from_file(str(self.path).encode(), params)
         if not self.ptr:
             raise ModelLoadError(f"llama.cpp could not load {self.path} (truncated, or an architecture "
@@ -281,6 +276,40 @@ class Context:
             self.close()
         except Exception:
             pass
+
+
+_rpc_added: set[str] = set()
+
+
+def add_rpc_servers(servers: str) -> None:
+    """Register llama.cpp RPC servers (`rpc-server` on other machines) as ggml devices, the way
+    llama.cpp's own `--rpc` does; the model then spreads its layers over them like over local GPUs."""
+    L = llama()
+    if not L.llama_supports_rpc():
+        raise ModelLoadError("rpc_servers given, but this llama.cpp build has no RPC backend; reinstall with "
+                             "CMAKE_ARGS=\"-DGGML_RPC=on\" pip install --force-reinstall --no-cache-dir llama-cpp-python")
+    from llama_cpp._ggml import libggml as g
+
+    g.ggml_backend_load_all.restype = None
+    g.ggml_backend_reg_by_name.restype = ctypes.c_void_p
+    g.ggml_backend_reg_by_name.argtypes = [ctypes.c_char_p]
+    g.ggml_backend_reg_get_proc_address.restype = ctypes.c_void_p
+    g.ggml_backend_reg_get_proc_address.argtypes = [ctypes.c_void_p, ctypes.c_char_p]
+    g.ggml_backend_register.restype = None
+    g.ggml_backend_register.argtypes = [ctypes.c_void_p]
+    g.ggml_backend_load_all()
+    reg = g.ggml_backend_reg_by_name(b"RPC")
+    fn = g.ggml_backend_reg_get_proc_address(reg, b"ggml_backend_rpc_add_server") if reg else None
+    if not fn:
+        raise ModelLoadError("this llama.cpp build's RPC backend has no ggml_backend_rpc_add_server; upgrade llama-cpp-python")
+    add_server = ctypes.CFUNCTYPE(ctypes.c_void_p, ctypes.c_char_p)(fn)
+    for endpoint in (s.strip() for s in servers.split(",")):
+        if endpoint and endpoint not in _rpc_added:
+            dev_reg = add_server(endpoint.encode())
+            if not dev_reg:
+                raise ModelLoadError(f"could not reach the llama.cpp rpc-server at {endpoint}; is `rpc-server` running there?")
+            g.ggml_backend_register(dev_reg)
+            _rpc_added.add(endpoint)
 
 
 def common_prefix(a: list[int], b: list[int]) -> int:

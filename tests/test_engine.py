@@ -249,3 +249,15 @@ def test_conversation_reuses_the_cache(perturbed):
     p2 = e.prompt_tokens(msgs + [Message("assistant", reply), Message("user", "and the cache")])
     run(e, p2, greedy(max_tokens=8))
     assert e.last_stats.prompt_eval_tokens < len(p2) - len(p1) // 2
+
+
+def test_rpc_servers_need_an_rpc_build(tiny):
+    import llama_cpp
+
+    from localspec.backend import Model
+    from localspec.errors import ModelLoadError
+
+    if llama_cpp.llama_supports_rpc():
+        pytest.skip("this llama.cpp build has RPC; nothing listens on the test endpoint")
+    with pytest.raises(ModelLoadError, match="GGML_RPC=on"):
+        Model(tiny.target, rpc_servers="127.0.0.1:50052")
