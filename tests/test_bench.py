@@ -405,3 +405,30 @@ def test_doc_block_is_checked_before_the_run(tmp_path, capsys):
     code = main(["bench", "--doc-block", f"{md}:cpu-default", "--target", str(tmp_path / "none.gguf")])
     err = capsys.readouterr().err
     assert code == 2 and "has no block <!-- bench:cpu-default -->" in err
+
+
+def test_progress_bar():
+    from localspec.bench.progress import Progress, fmt_duration
+
+    class Tty(io.StringIO):
+        def isatty(self):
+            return True
+
+    tty = Tty()
+    p = Progress(tty)
+    p.start(3)
+    for i in range(3):
+        p.step(f"edit edit-0{i} model k={i + 1}")
+    p.finish()
+    out = tty.getvalue()
+    assert "\r\x1b[2K[" in out and "2/3" in out and "edit edit-02 model k=3" in out
+    assert out.endswith("bench: 3 runs in 0s\n")
+    log = io.StringIO()  # not a terminal: a line per 10%, no control characters
+    p = Progress(log)
+    p.start(40)
+    for i in range(40):
+        p.step(str(i))
+    p.finish()
+    lines = log.getvalue().splitlines()
+    assert "\x1b" not in log.getvalue() and len(lines) == 11 and lines[-1] == "bench: 40 runs in 0s"
+    assert (fmt_duration(59), fmt_duration(61), fmt_duration(3725)) == ("59s", "1m01s", "1h02m")
