@@ -81,7 +81,7 @@ def _one_line_error(rc, out, err, *needles):
 
 
 def test_missing_file(tmp_path, capsys):
-    _one_line_error(*cli(capsys, "run", "--target", str(tmp_path / "nope.gguf"), "hi"), "nope.gguf", "no such file")
+    _one_line_error(*cli(capsys, "run", "--target", str(tmp_path / "nope.gguf"), "hi"), "nope.gguf", "not found")
 
 
 def test_not_a_gguf(tmp_path, capsys):
