@@ -199,6 +199,8 @@ def test_slash_commands_change_settings(tiny):
             assert not app.query(AssistantMessage) and len(app.turns) == 2  # the model still remembers
             assert "new conversation" in await cmd("/new")
             assert app.turns == [] and app.conversation_id is None
+            assert "continuing conversation #1" in await cmd("/history 1")  # reopen it
+            assert len(app.turns) == 2 and app.conversation_id == 1 and len(app.query(AssistantMessage)) == 1
         conv = db_rows("SELECT * FROM conversations")[0]
         assert conv["system"] == "Answer briefly."
         assert json.loads(conv["settings"])["spec"] == "off"

@@ -25,36 +25,13 @@ from textual.widgets import Footer, LoadingIndicator, Static
 from .. import paths
 from ..engine import Message
 from ..errors import ConfigError, ContextFullError, LocalspecError
+from .help import help_text
 from .history import HistoryError, HistoryStore, message_note
 from .status import Live, format_status, reply_note
 from .widgets import AssistantMessage, Notice, PromptInput, StatusBar, UserMessage, merge_runs
 
-KEYS_HELP = ("Enter send · ctrl+j newline · ↑/↓ earlier prompts · Esc cancel the reply · "
-             "ctrl+t provenance colours (green: accepted draft tokens, amber: the target's own) · "
-             "ctrl+y copy the last reply · ctrl+q quit")
-
-COMMANDS = [
-    ("/k N", "most tokens drafted per round (0 = no drafting)"),
-    ("/temp T", "sampling temperature (0 = greedy)"),
-    ("/system TEXT", "set the system prompt (/system shows it, /system - removes it)"),
-    ("/spec on|off|auto", "speculate always, never, or when the measured costs say it pays"),
-    ("/clear", "clear the screen (the model still remembers; /new forgets)"),
-    ("/new", "start a new conversation"),
-    ("/history [ID]", "list saved conversations, or open one"),
-    ("/stats", "figures of the last reply"),
-    ("/copy", "copy the last reply (OSC 52) and save it to a file"),
-    ("/help", "this list"),
-]
-
 STREAM_INTERVAL_S = 1 / 30  # the worker posts confirmed text to the UI at most this often
 SAVE_INTERVAL_S = 0.5  # ... and writes the reply so far to the history this often
-
-
-def help_text() -> str:
-    width = max(len(c) for c, _ in COMMANDS)
-    lines = ["Keys: " + KEYS_HELP, "Commands:"]
-    lines += [f"  {c.ljust(width)}  {d}" for c, d in COMMANDS]
-    return "\n".join(lines)
 
 
 # --- messages from the worker threads -------------------------------------------------------------

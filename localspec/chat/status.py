@@ -95,7 +95,7 @@ def format_status(state: str, spec: str, k: int, temperature: float, live: Live 
             parts += [sep, (f"≈{live.speedup:.2f}× vs plain (est.)", "bold")]
         else:
             parts += [sep, ("speedup n/a" + (" (noisy cost profile: localspec tune)" if has_profile
-                                             else " (no cost profile)"), "dim")]
+                                             else " (no cost profile: /spec auto measures one)"), "dim")]
     if provenance:
         parts += [sep, ("■ draft", DRAFT_STYLE), (" ", ""), ("■ target", TARGET_STYLE)]
     return Content.assemble(*parts)

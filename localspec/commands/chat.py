@@ -12,7 +12,12 @@ from .common import add_gen_args, add_model_args
 
 
 def register(sub) -> None:
-    p = sub.add_parser("chat", help="chat in the terminal, streaming only verified tokens, with live speculation stats")
+    from ..chat.help import help_text
+
+    p = sub.add_parser("chat", help="chat in the terminal, streaming only verified tokens, with live speculation stats",
+                       description="A terminal chat that shows only tokens the target model has verified, which of "
+                                   "them came from accepted drafts, and live acceptance and speed figures.",
+                       epilog=help_text(), formatter_class=argparse.RawDescriptionHelpFormatter)
     add_model_args(p, positional_pair=True)
     add_gen_args(p)
     p.add_argument("--continue", dest="resume", action="store_true", help="continue the last saved conversation")
