@@ -12,6 +12,7 @@ class Stats:
     tokens: int = 0  # confirmed tokens emitted
     target_passes: int = 0  # target llama_decode calls during generation (= rounds)
     rounds_plain: int = 0  # rounds that drafted nothing (plain decoding steps)
+    full_rounds: int = 0  # rounds whose every drafted token was accepted (the bonus token came too)
     drafted: int = 0  # draft tokens proposed
     accepted: int = 0  # draft tokens the target confirmed
     drafted_by_position: list[int] = field(default_factory=list)  # [i] = rounds that drafted a token at position i
@@ -37,6 +38,7 @@ class Stats:
             return
         self.drafted += drafted
         self.accepted += accepted
+        self.full_rounds += accepted == drafted
         self.drafted_by_drafter[source] = self.drafted_by_drafter.get(source, 0) + drafted
         self.accepted_by_drafter[source] = self.accepted_by_drafter.get(source, 0) + accepted
         _grow(self.drafted_by_position, drafted)
