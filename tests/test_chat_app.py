@@ -353,3 +353,17 @@ def test_estimated_speedup_from_rounds_and_pass_costs():
     assert estimated_speedup(st, None) is None
     noisy = CostProfile(t_decode=0.25, t_verify=[0.25, 0.0002, 0.0002], t_draft=0.0001)
     assert estimated_speedup(st, noisy) is None
+
+
+def test_a_damaged_history_file_does_not_stop_the_chat(tiny):
+    paths.history_db().parent.mkdir(parents=True, exist_ok=True)
+    paths.history_db().write_bytes(b"not a database " * 200)
+
+    async def go():
+        app = chat_app(tiny)
+        async with app.run_test(size=SIZE) as pilot:
+            await ready(pilot, app)
+            assert any("without saved history" in n for n in notices(app, "error"))
+            view = await send(pilot, app, "hello world")
+            assert view.text and app.store is None
+    run(go())

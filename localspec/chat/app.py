@@ -146,7 +146,10 @@ class ChatApp(App):
             with Horizontal(id="loading"):
                 yield LoadingIndicator()
                 yield Static("", id="load-label")
-        history = self.store.recent_prompts() if self.store else []
+        try:
+            history = self.store.recent_prompts() if self.store else []
+        except Exception:  # a damaged history must not keep the chat from starting
+            history = []
         yield PromptInput(history, id="prompt")
         yield StatusBar(id="status")
         yield Footer()
@@ -176,7 +179,10 @@ class ChatApp(App):
             await self.fail_load(str(e))
             return
         if getattr(self.args, "resume", False):
-            await self.resume(None)
+            try:
+                await self.resume(None)
+            except Exception as e:
+                await self.say(f"cannot continue the last conversation ({e}); starting a new one", "error")
         self.set_interval(0.25, self._tick_loading)
         self._tick_loading()
         self.refresh_status()
@@ -541,6 +547,8 @@ class ChatApp(App):
             await handler(rest)
         except LocalspecError as e:
             await self.say(str(e), "error")
+        except Exception as e:  # e.g. the history file became unwritable: report, keep chatting
+            await self.say(f"{name} failed: {type(e).__name__}: {e}", "error")
         self.refresh_status()
 
     def _set(self, **kw) -> None:
