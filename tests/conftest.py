@@ -67,4 +67,6 @@ def real_pair_paths() -> tuple[Path, Path] | None:
     return bundle_paths_if_installed()
 
 
-THREADS = int(os.environ.get("LOCALSPEC_TEST_THREADS", "2"))
+# One thread: the tiny models gain nothing from two, and two spinning llama.cpp threads stall badly
+# whenever another process holds a core (measured: 0.14 s vs 2.8-116 s for 279 tokens under load).
+THREADS = int(os.environ.get("LOCALSPEC_TEST_THREADS", "1"))

@@ -19,7 +19,7 @@ def cli(capsys, *args):
 
 
 def pair(tiny, draft=None):
-    return ["--target", str(tiny.target), "--draft", str(draft or tiny.same), "--threads", "2", "-c", "512"]
+    return ["--target", str(tiny.target), "--draft", str(draft or tiny.same), "--threads", "1", "-c", "512"]
 
 
 def test_run_json_transcript(tiny, capsys):

@@ -123,7 +123,8 @@ def load_config(args, sel: Selection) -> LoadConfig:
 def gen_config(args, sel: Selection | None = None) -> GenConfig:
     cfg = GenConfig(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, min_p=args.min_p,
                     seed=args.seed, max_tokens=args.max_tokens, stop=list(args.stop))
-    s = getattr(sel.spec, "settings", None) or (sel.spec if sel else None)
+    spec = getattr(sel, "spec", None)
+    s = getattr(spec, "settings", None) or spec
     if s is not None:
         if getattr(s, "draft_max", None) is not None:
             cfg.draft_max = s.draft_max
