@@ -1,10 +1,13 @@
 """How many tokens to draft this round.
 
 - `FixedK`: always the configured k (`--spec on`).
-- `AdaptivePolicy` (`--spec auto`): per drafter (and, for n-grams, per match length) it keeps a
-  running estimate of the acceptance at each draft position, and picks the k in 0..k_max that
-  maximizes expected confirmed tokens per second under the measured `CostProfile`. k = 0 means
-  a plain decoding step, so auto is never knowingly slower than plain.
+- `AdaptivePolicy` (`--spec auto`): per drafter (and, for n-grams, per length of the match) it
+  keeps a running estimate of the per-token acceptance alpha, and picks the k in 0..k_max that
+  maximizes expected confirmed tokens per second, (1 - alpha^(k+1)) / (1 - alpha) tokens for
+  k * T_draft + T_verify(k+1) seconds under the measured `CostProfile`. k = 0 means a plain
+  decoding step, so auto is never knowingly slower than plain. One alpha per bucket (rather than
+  one per draft position) extrapolates to draft lengths not tried yet, which is what lets a long
+  verbatim copy earn a long draft.
 
   Acceptance of the n-gram drafter is also learnt in rounds that did not use it: its proposal is
   free, so the policy keeps it aside and scores it against the tokens the target confirms next
@@ -46,24 +49,23 @@ def _bucket(source: str, match_len: int) -> tuple[str, int]:
 
 class AdaptivePolicy:
     PRIOR = {"model": 0.7, "ngram": 0.5}  # before any evidence (n-gram: the longer the match, the higher)
-    RATE = 0.15  # weight of the newest observation in the running estimate
-    MIN_GAIN = 1.02  # draft only when expected to beat plain by at least this factor (noise margin)
+    RATE = 0.1  # weight of the newest token's outcome in the running estimate
+    MIN_GAIN = 1.05  # draft only when expected to beat plain by at least this factor (estimates are noisy)
     PROBE_EVERY = 48  # model rounds skipped between probes, when the model could pay at all
 
     def __init__(self, costs: CostProfile, k_max: int):
         self.costs, self.k_max = costs, k_max
-        self.alpha: dict[tuple[str, int], list[float]] = {}
+        self.alpha: dict[tuple[str, int], float] = {}
         self.shadow: tuple[tuple[str, int], int, list[int]] | None = None  # (bucket, start, tokens)
         self.skipped_model = 0
         # can a model draft pay on this machine even when it is right 95% of the time?
-        _, self.model_ceiling = best_k([0.95] * k_max, k_max, costs, "model") if costs.t_draft else (0, 0.0)
+        _, self.model_ceiling = best_k(0.95, k_max, costs, "model") if costs.t_draft else (0, 0.0)
         self.rounds = {"plain": 0, "ngram": 0, "model": 0}
 
-    def estimate(self, source: str, match_len: int = 0) -> list[float]:
+    def estimate(self, source: str, match_len: int = 0) -> float:
         key = _bucket(source, match_len)
         if key not in self.alpha:
-            prior = self.PRIOR[source] + (0.05 * NGRAM_BUCKETS.index(key[1]) if source == "ngram" else 0.0)
-            self.alpha[key] = [min(0.95, max(0.05, prior))] * self.k_max
+            self.alpha[key] = self.PRIOR[source] + (0.05 * NGRAM_BUCKETS.index(key[1]) if source == "ngram" else 0.0)
         return self.alpha[key]
 
     def k_for(self, source: str, k_max: int, match_len: int = 0) -> int:
@@ -84,10 +86,12 @@ class AdaptivePolicy:
         return expected_tokens(self.estimate(source, match_len), k) / self.costs.round_cost(source, k) * self.costs.t_decode
 
     def _learn(self, key: tuple[str, int], drafted: int, accepted: int) -> None:
-        a = self.alpha.setdefault(key, self.estimate(*key))
-        for i in range(min(drafted, accepted + 1, len(a))):
-            hit = 1.0 if i < accepted else 0.0
-            a[i] += self.RATE * (hit - a[i])
+        """Each draft token the target looked at is one outcome: accepted ones hit, the first
+        rejected one missed (those after it were never judged)."""
+        a = self.estimate(*key)
+        for i in range(min(drafted, accepted + 1)):
+            a += self.RATE * ((1.0 if i < accepted else 0.0) - a)
+        self.alpha[key] = a
 
     def update(self, draft, accepted: int, seq: list[int]) -> None:
         self.rounds["plain" if not draft.tokens else draft.source] += 1

@@ -73,7 +73,7 @@ def test_adaptive_policy_prefers_plain_when_verification_is_expensive():
     cpu = CostProfile(t_decode=1.0, t_verify=[1.0, 1.72, 2.30, 2.50, 3.15, 3.76], t_draft=0.49)
     pol = AdaptivePolicy(cpu, 4)
     assert pol.k_for("model", 4) == 0  # a model draft at 0.49 of the target cannot pay here
-    pol.alpha[("ngram", 4)] = [0.95] * 4
+    pol.alpha[("ngram", 4)] = 0.95
     assert pol.k_for("ngram", 4, match_len=4) >= 3  # a free draft that is usually right does
     gpu = CostProfile(t_decode=1.0, t_verify=[1.0, 1.02, 1.04, 1.06, 1.08, 1.1], t_draft=0.15)
     assert AdaptivePolicy(gpu, 4).k_for("model", 4) >= 3
@@ -84,7 +84,7 @@ def test_adaptive_policy_learns_from_shadow_drafts():
 
     cpu = CostProfile(t_decode=1.0, t_verify=[1.0, 1.72, 2.30, 2.50, 3.15], t_draft=None)
     pol = AdaptivePolicy(cpu, 4)
-    pol.alpha[("ngram", 2)] = [0.1] * 4
+    pol.alpha[("ngram", 2)] = 0.1
     assert pol.k_for("ngram", 4, 2) == 0
     seq = [1, 2, 3]
     for _ in range(30):  # the text keeps repeating what the n-gram proposed: acceptance rises
@@ -94,5 +94,5 @@ def test_adaptive_policy_learns_from_shadow_drafts():
         for t in proposal[1:]:
             seq = seq + [t]
             pol.update(Draft(), 0, seq)
-    assert pol.alpha[("ngram", 2)][0] > 0.8
+    assert pol.alpha[("ngram", 2)] > 0.8
     assert pol.k_for("ngram", 4, 2) > 0

@@ -11,7 +11,7 @@ from pathlib import Path
 
 from ..config import GenConfig
 from ..errors import ConfigError, LocalspecError
-from .common import add_model_args, load_config, open_engine, select_models
+from .common import add_model_args, load_config, nonneg_int, open_engine, pos_int, select_models
 
 COST_N_MAX = 16
 
@@ -33,7 +33,7 @@ def register(sub) -> None:
                    help="comma-separated workloads (default: all shipped ones, or only --prompts' own; 'all' = both)")
     g.add_argument("--prompts", action="append", default=[], metavar="FILE",
                    help='your own prompts, JSONL: {"id", "prompt", optional "workload", "system", "max_tokens"} (repeatable)')
-    g.add_argument("--prompts-per-workload", type=_nonneg_int, default=4, metavar="N",
+    g.add_argument("--prompts-per-workload", type=nonneg_int, default=4, metavar="N",
                    help="first N prompts of each workload (default 4; 0 = all)")
     g.add_argument("-k", "--draft-max", dest="ks", metavar="LIST", help="draft lengths, e.g. 1,2,3,4,6 (default: the pair's, 4)")
     g.add_argument("--drafter", dest="drafters", metavar="LIST", help="model,ngram,hybrid (default: model, or ngram without a draft)")
@@ -43,9 +43,9 @@ def register(sub) -> None:
     g.add_argument("--setting", action="append", default=[], metavar="SPEC:DRAFTER[:K[:P_MIN]]",
                    help='an extra setting besides the grid, e.g. "on:ngram:6", "auto:hybrid:4/8" (K/N: auto\'s '
                         'draft-model and n-gram caps), or "auto:hybrid" = `localspec run`\'s default (repeatable)')
-    g.add_argument("-n", "--max-tokens", type=_pos_int, default=128, help="new tokens per run (default 128)")
-    g.add_argument("--repeat", type=_pos_int, default=1, metavar="R", help="A/B rounds per prompt (default 1)")
-    g.add_argument("--baseline-every", type=_pos_int, default=1, metavar="N",
+    g.add_argument("-n", "--max-tokens", type=pos_int, default=128, help="new tokens per run (default 128)")
+    g.add_argument("--repeat", type=pos_int, default=1, metavar="R", help="A/B rounds per prompt (default 1)")
+    g.add_argument("--baseline-every", type=pos_int, default=1, metavar="N",
                    help="a plain run after every N speculative runs (default 1: A B A B ...)")
     g.add_argument("--temperature", "--temp", type=float, default=0.0, help="0 = greedy (default)")
     g.add_argument("--seed", type=int, default=0, help="sampling seed, shared by each A/B pair (default 0)")
@@ -62,28 +62,8 @@ def register(sub) -> None:
     c = p.add_argument_group("pass costs")
     c.add_argument("--costs", action="store_true", help=f"measure T_decode, T_draft, T_verify(n) for n = 1..{COST_N_MAX} and print them")
     c.add_argument("--save", action="store_true", help="with --costs: store them as this machine's profile for --spec auto")
-    c.add_argument("--cost-repeats", type=_pos_int, default=5, metavar="R", help="timed passes per size, median taken (default 5)")
+    c.add_argument("--cost-repeats", type=pos_int, default=5, metavar="R", help="timed passes per size, median taken (default 5)")
     p.set_defaults(func=cmd_bench)
-
-
-def _pos_int(s: str) -> int:
-    try:
-        v = int(s)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{s!r} is not a whole number")
-    if v < 1:
-        raise argparse.ArgumentTypeError(f"{s} must be 1 or more")
-    return v
-
-
-def _nonneg_int(s: str) -> int:
-    try:
-        v = int(s)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{s!r} is not a whole number")
-    if v < 0:
-        raise argparse.ArgumentTypeError(f"{s} must be 0 or more")
-    return v
 
 
 def _list(value: str | None, flag: str, conv, allowed=None) -> list | None:

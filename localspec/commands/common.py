@@ -27,13 +27,13 @@ def add_model_args(p: argparse.ArgumentParser, positional_pair: bool = False) ->
 def add_gen_args(p: argparse.ArgumentParser) -> None:
     d = GenConfig()
     g = p.add_argument_group("generation")
-    g.add_argument("-k", "--draft-max", type=_nonneg_int, default=None, help=f"most tokens drafted per round (default {d.draft_max})")
+    g.add_argument("-k", "--draft-max", type=nonneg_int, default=None, help=f"most tokens drafted per round (default {d.draft_max})")
     g.add_argument("--temperature", "--temp", type=_nonneg_float, default=d.temperature, help=f"0 = greedy (default {d.temperature})")
-    g.add_argument("--top-k", type=_nonneg_int, default=d.top_k, help=f"0 = off (default {d.top_k})")
+    g.add_argument("--top-k", type=nonneg_int, default=d.top_k, help=f"0 = off (default {d.top_k})")
     g.add_argument("--top-p", type=_unit_float, default=d.top_p, help=f"1 = off (default {d.top_p})")
     g.add_argument("--min-p", type=_unit_float, default=d.min_p, help=f"0 = off (default {d.min_p})")
     g.add_argument("--seed", type=int, default=None, help="make sampling reproducible")
-    g.add_argument("-n", "--max-tokens", type=_nonneg_int, default=d.max_tokens, help=f"(default {d.max_tokens})")
+    g.add_argument("-n", "--max-tokens", type=nonneg_int, default=d.max_tokens, help=f"(default {d.max_tokens})")
     g.add_argument("--stop", action="append", default=[], metavar="TEXT", help="stop string (repeatable)")
     g.add_argument("--system", metavar="TEXT", help="system prompt")
     g.add_argument("--spec", choices=["on", "off", "auto"], default=None,
@@ -44,14 +44,22 @@ def add_gen_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--p-min", type=_unit_float, default=None, help="stop drafting below this draft probability")
 
 
-def _nonneg_int(s: str) -> int:
+def _whole(s: str, minimum: int) -> int:
     try:
         v = int(s)
     except ValueError:
         raise argparse.ArgumentTypeError(f"{s!r} is not a whole number")
-    if v < 0:
-        raise argparse.ArgumentTypeError(f"{s} must be 0 or more")
+    if v < minimum:
+        raise argparse.ArgumentTypeError(f"{s} must be {minimum} or more")
     return v
+
+
+def nonneg_int(s: str) -> int:
+    return _whole(s, 0)
+
+
+def pos_int(s: str) -> int:
+    return _whole(s, 1)
 
 
 def _nonneg_float(s: str) -> float:
