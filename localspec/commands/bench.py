@@ -276,17 +276,18 @@ def _fill_doc(doc: dict, spec: str, report_path: str | None) -> None:
 
 
 def _result_warnings(results: list[dict]) -> list[str]:
-    out = []
+    out, differ = [], []
     for w in results:
         for s in w["settings"]:
             same = s["identical_outputs"]
             if same and same["same"] < same["of"]:
-                out.append(f"{w['workload']}, {s['setting']['label']}: {same['of'] - same['same']} of {same['of']} greedy "
-                           "outputs differ from plain decoding (a near-tie where batched and single-token logits "
-                           "round differently; `localspec verify` checks this)")
+                differ.append(f"{w['workload']} {s['setting']['label']} {same['of'] - same['same']}/{same['of']}")
             ctx = s["pooled"]["stop_reasons"].get("context", 0)
             if ctx:
                 out.append(f"{w['workload']}, {s['setting']['label']}: {ctx} runs filled the context; raise --ctx-size")
+    if differ:  # one line: the per-setting counts are in the `same` column of the details
+        out.insert(0, "greedy outputs that part from plain decoding (near-ties where batched and single-token "
+                      "logits round differently; `localspec verify` checks this): " + ", ".join(differ))
     return out
 
 
