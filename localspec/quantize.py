@@ -36,9 +36,11 @@ def quantize_q4_0(src: Path, dst: Path | None = None, threads: int | None = None
     params = L.llama_model_quantize_default_params()
     params.ftype = LLAMA_FTYPE_MOSTLY_Q4_0
     params.nthread = threads or (os.cpu_count() or 1)
+    params.allow_requantize = True  # the shipped draft is already Q4_K_M; llama.cpp refuses without this
     rc = L.llama_model_quantize(str(src).encode(), str(tmp).encode(), ctypes.byref(params))
     if rc != 0 or not tmp.exists():
         tmp.unlink(missing_ok=True)
-        raise LocalspecError(f"llama.cpp could not quantize {src.name} (code {rc}); is there free disk space?")
+        raise LocalspecError(f"llama.cpp could not quantize {src.name} (code {rc}); check free disk space "
+                             "(LOCALSPEC_DEBUG=1 shows llama.cpp's reason)")
     tmp.replace(dst)
     return dst
