@@ -8,7 +8,7 @@ Nothing here prints: stats are data, the CLI and the chat app decide what to sho
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterator
 

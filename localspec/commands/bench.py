@@ -11,7 +11,7 @@ from pathlib import Path
 
 from ..config import GenConfig
 from ..errors import ConfigError, LocalspecError
-from .common import add_model_args, load_config, nonneg_int, open_engine, pos_int, select_models
+from .common import add_model_args, nonneg_int, open_engine, pos_int, select_models
 
 COST_N_MAX = 16
 
