@@ -20,6 +20,7 @@ from __future__ import annotations
 
 from .config import GenConfig
 from .costmodel import CostProfile, best_k, expected_tokens
+from .sampling import accept_greedy
 
 
 class FixedK:
@@ -100,7 +101,7 @@ class AdaptivePolicy:
         self._score_shadow(seq)
         if self.shadow and draft.shadow:  # still undecided: keep what matched so far
             key, start, tokens = self.shadow
-            m = _match(seq[start:], tokens)
+            m = accept_greedy(seq[start:], tokens)
             if m:
                 self._learn(key, m, m)
         if draft.shadow:  # the proposal continued the text as it stood before this round's tokens
@@ -111,7 +112,7 @@ class AdaptivePolicy:
             return
         key, start, tokens = self.shadow
         known = seq[start:start + len(tokens)]
-        m = _match(known, tokens)
+        m = accept_greedy(known, tokens)
         if m < len(known) or len(known) == len(tokens):  # decided: a mismatch, or all confirmed
             self._learn(key, len(tokens), m)
             self.shadow = None
@@ -120,15 +121,6 @@ class AdaptivePolicy:
         r = self.rounds
         return (f"auto: {r['plain']} plain, {r['ngram']} n-gram, {r['model']} model rounds; "
                 f"T_verify/T_decode = {', '.join(f'{x:.2f}' for x in self.costs.relative_verify()[:6])}")
-
-
-def _match(a: list[int], b: list[int]) -> int:
-    m = 0
-    for x, y in zip(a, b):
-        if x != y:
-            break
-        m += 1
-    return m
 
 
 def make_policy(cfg: GenConfig, profile: CostProfile | None, drafter):

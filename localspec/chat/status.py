@@ -1,9 +1,9 @@
 """The status bar's figures: live speculation stats and the speedup estimated from measured costs.
 
-Estimated speedup over plain decoding = (tokens per target pass, measured) / (mean round cost in
-units of one plain decoding step, from the cost profile) = tokens * T_decode / (sum of round
-costs). The round costs are rebuilt from the stats: a round that drafted k tokens costs
-T_verify(k + 1) plus the drafting (k * T_draft for the draft model, ~0 for the n-gram lookup).
+Estimated speedup over plain decoding = tokens * T_decode / (sum of round costs), the realised
+rounds priced by the measured profile (`bench.predict.predict_from_rounds`, the same figure the bench
+prints): a round that drafted k tokens costs T_verify(k + 1) plus the drafting (k * T_draft for
+the draft model, ~0 for the n-gram lookup).
 """
 
 from __future__ import annotations
@@ -12,25 +12,14 @@ from dataclasses import dataclass
 
 from textual.content import Content
 
+from ..bench.predict import predict_from_rounds
+
 DRAFT_STYLE = "bold #5fd75f"  # accepted draft tokens (draft model or n-gram lookup)
 TARGET_STYLE = "#ffaf00"  # tokens the target produced itself (corrections and bonus tokens)
 
 
 def is_draft(source: str | None) -> bool:
     return source in ("model", "ngram")
-
-
-def estimated_cost(stats, profile) -> float:
-    """Seconds the rounds of `stats` cost according to the measured profile."""
-    cost = stats.rounds_plain * profile.verify(1)
-    by_pos = stats.drafted_by_position
-    for k in range(1, len(by_pos) + 1):
-        rounds_k = by_pos[k - 1] - (by_pos[k] if k < len(by_pos) else 0)  # rounds that drafted exactly k
-        cost += rounds_k * profile.verify(k + 1)
-    cost += stats.drafted_by_drafter.get("model", 0) * (profile.t_draft or 0.0)
-    if "ngram" in stats.drafted_by_drafter:
-        cost += stats.draft_rounds * profile.t_ngram
-    return cost
 
 
 def profile_is_plausible(profile) -> bool:
@@ -44,11 +33,8 @@ def estimated_speedup(stats, profile) -> float | None:
     """Speedup over plain decoding implied by this reply's rounds and the measured pass costs."""
     if profile is None or not stats.tokens or not stats.target_passes or not profile_is_plausible(profile):
         return None
-    try:
-        cost = estimated_cost(stats, profile)
-    except (IndexError, TypeError, ZeroDivisionError):
-        return None
-    return stats.tokens * profile.t_decode / cost if cost > 0 else None
+    return predict_from_rounds(stats.tokens, stats.rounds_plain, stats.drafted_by_position,
+                               stats.drafted_by_drafter, profile)
 
 
 @dataclass
