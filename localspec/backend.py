@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import ctypes
 import os
-import struct
 import threading
 import time
 from pathlib import Path
@@ -19,6 +18,7 @@ import numpy as np
 
 from .compat import VocabInfo
 from .errors import ContextFullError, ModelLoadError
+from .models.gguf_header import check_model_file
 
 _init_lock = threading.Lock()
 _backend_ready = False
@@ -45,33 +45,14 @@ def llama():
     return llama_cpp
 
 
-def check_gguf_file(path: Path) -> None:
-    """Fail with one actionable line before llama.cpp sees a file it would choke on."""
-    if not path.exists():
-        raise ModelLoadError(f"model file not found: {path}")
-    if path.is_dir():
-        raise ModelLoadError(f"{path} is a directory; pass the .gguf file inside it")
-    size = path.stat().st_size
-    with open(path, "rb") as f:
-        head = f.read(24)
-    if len(head) < 24 or head[:4] != b"GGUF":
-        raise ModelLoadError(f"{path} is not a GGUF model file (wrong magic); pass a .gguf file")
-    version = struct.unpack("<I", head[4:8])[0]
-    if version not in (2, 3):
-        raise ModelLoadError(f"{path}: unsupported GGUF version {version}")
-    if size < 1024:
-        raise ModelLoadError(f"{path} is truncated ({size} bytes); download it again")
-
-
 class Model:
     def __init__(self, path: str | os.PathLike, n_gpu_layers: int = -1, rpc_servers: str | None = None,
-                 vocab_only: bool = False, mmap: bool = False):
+                 mmap: bool = False):
         L = llama()
         self.path = Path(path)
-        check_gguf_file(self.path)
+        check_model_file(self.path)
         params = L.llama_model_default_params()
         params.n_gpu_layers = 0x7FFFFFFF if n_gpu_layers < 0 else n_gpu_layers
-        params.vocab_only = vocab_only
         if hasattr(params, "load_mode"):  # LLAMA_LOAD_MODE_NONE = 0 (read), LLAMA_LOAD_MODE_MMAP = 1
             params.load_mode = 1 if mmap else 0
         elif hasattr(params, "use_mmap"):
@@ -108,19 +89,6 @@ class Model:
         p = self.L.llama_model_chat_template(self.ptr, None)
         return p.decode("utf-8", errors="replace") if p else None
 
-    def description(self) -> str:
-        buf = ctypes.create_string_buffer(256)
-        self.L.llama_model_desc(self.ptr, buf, len(buf))
-        return buf.value.decode(errors="replace")
-
-    @property
-    def size_bytes(self) -> int:
-        return int(self.L.llama_model_size(self.ptr))
-
-    @property
-    def n_ctx_train(self) -> int:
-        return int(self.L.llama_model_n_ctx_train(self.ptr))
-
     def vocab_info(self) -> VocabInfo:
         L = self.L
         return VocabInfo(
@@ -151,9 +119,6 @@ class Model:
                 n = self.L.llama_token_to_piece(self.vocab, token, buf, len(buf), 0, False)
             p = self._pieces[token] = buf.raw[:n]
         return p
-
-    def detokenize(self, tokens: list[int]) -> str:
-        return b"".join(self.piece(t) for t in tokens).decode("utf-8", errors="replace")
 
     def token_text(self, token: int) -> str:
         """The vocabulary's text for a token, control tokens included ("<|im_end|>")."""
@@ -195,7 +160,9 @@ class Context:
                                  "(out of memory?); try a smaller --ctx-size")
         self.L, self.model = L, model
         self.n_ctx = L.llama_n_ctx(self.ptr)
-        self.n_batch = n_batch
+        # llama.cpp may round n_ctx up (to 256 at least) while clamping n_batch to the n_ctx asked
+        # for: chunk by the batch size it actually has, or llama_decode aborts the process
+        self.n_batch = min(n_batch, L.llama_n_batch(self.ptr))
         self.n_vocab = model.n_vocab
         self.mem = L.llama_get_memory(self.ptr)
         self.batch = L.llama_batch_init(n_batch, 0, 1)

@@ -36,13 +36,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"localspec {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
     for name in COMMAND_MODULES:
-        try:
-            mod = importlib.import_module(name)
-        except ModuleNotFoundError as e:  # a command module not written yet; others still work
-            if e.name != name:
-                raise
-            continue
-        mod.register(sub)
+        importlib.import_module(name).register(sub)
     return parser
 
 

@@ -4,7 +4,7 @@
   identical token text for every id from 5 up (to the smaller vocab's end).
 
 `VocabInfo` is built either from a loaded model (backend.Model.vocab_info) or from a GGUF
-header alone (gguf_header.vocab_info_from_header), so the same check runs before a download.
+header alone (models.check.vocab_info_from_header), so the same check runs before a download.
 """
 
 from __future__ import annotations

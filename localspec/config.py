@@ -30,7 +30,6 @@ class GenConfig:
     drafter: str = "hybrid"  # "model" | "ngram" | "hybrid"
     draft_max: int = 4  # k: the most tokens drafted per round (auto may choose fewer, down to 0)
     ngram_draft_max: int = 8  # n-gram drafts cost nothing to make, so auto may verify longer ones (-k sets both)
-    draft_min: int = 0  # never draft fewer than this when drafting at all (0 = let the cost model decide)
     p_min: float = 0.0  # stop drafting when the draft model's top probability falls below this
     ngram_min: int = 2  # shortest suffix match the n-gram drafter trusts
     ngram_max: int = 4  # longest suffix it looks up (the match is then extended backwards to measure it)

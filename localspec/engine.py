@@ -100,7 +100,7 @@ class Engine:
         self.target = Context(self.target_model, load.n_ctx, load.n_batch, load.n_threads, load.n_threads_batch)
         if self.draft_model:
             self.draft_ctx = Context(self.draft_model, load.n_ctx, load.n_batch, load.n_threads, load.n_threads_batch)
-        self.profile = profile  # measured pass costs (policy.CostProfile) for --spec auto
+        self.profile = profile  # measured pass costs (costmodel.CostProfile) for --spec auto
         self.ngram = NgramDrafter()
         self.last_stats: Stats | None = None
 
@@ -110,7 +110,7 @@ class Engine:
 
     def prompt_tokens(self, messages: list[Message] | str, raw: bool = False) -> list[int]:
         m = self.target_model
-        if raw or isinstance(messages, str) and raw:
+        if raw:
             text = messages if isinstance(messages, str) else "".join(x.content for x in messages)
             return m.tokenize(text, add_special=True, parse_special=False)
         if isinstance(messages, str):

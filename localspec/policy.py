@@ -19,7 +19,7 @@
 from __future__ import annotations
 
 from .config import GenConfig
-from .costmodel import CostProfile, best_k, expected_tokens
+from .costmodel import CostProfile, best_k
 from .sampling import accept_greedy
 
 
@@ -82,9 +82,6 @@ class AdaptivePolicy:
             if k:
                 self.skipped_model = 0
         return k
-
-    def expected_speedup(self, source: str, k: int, match_len: int = 0) -> float:
-        return expected_tokens(self.estimate(source, match_len), k) / self.costs.round_cost(source, k) * self.costs.t_decode
 
     def _learn(self, key: tuple[str, int], drafted: int, accepted: int) -> None:
         """Each draft token the target looked at is one outcome: accepted ones hit, the first

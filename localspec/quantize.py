@@ -13,7 +13,8 @@ import os
 from pathlib import Path
 
 from . import paths
-from .backend import check_gguf_file, llama
+from .backend import llama
+from .models.gguf_header import check_model_file
 from .errors import LocalspecError
 
 LLAMA_FTYPE_MOSTLY_Q4_0 = 2
@@ -27,7 +28,7 @@ def quantize_q4_0(src: Path, dst: Path | None = None, threads: int | None = None
     """Write a Q4_0 copy of `src` (temp file, then rename: never a half-written model)."""
     L = llama()
     src = Path(src)
-    check_gguf_file(src)
+    check_model_file(src)
     dst = Path(dst) if dst else q4_0_path_for(src)
     if dst.exists():
         return dst

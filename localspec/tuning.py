@@ -46,19 +46,11 @@ def load_profile(engine) -> CostProfile | None:
     return prof if prof and prof.key == key else None
 
 
-def tune(engine, n_max: int = 12) -> CostProfile:
+def tune(engine, n_max: int = 12, repeats: int = 3, warmup: int = 1) -> CostProfile:
+    """Measure this engine's pass costs and store them as the profile of its (pair, device, threads):
+    the one way a profile is made (`localspec tune`, `bench --costs --save`, auto's first run)."""
     key = profile_key(engine)
-    prof = measure_costs(engine, n_max=n_max, repeats=3, warmup=1)
+    prof = measure_costs(engine, n_max=n_max, repeats=repeats, warmup=warmup)
     prof.key = key
     prof.save(profile_path(key))
-    return prof
-
-
-def ensure_profile(engine, on_measure=None) -> CostProfile:
-    prof = load_profile(engine)
-    if prof is None:
-        if on_measure:
-            on_measure()
-        prof = tune(engine)
-    engine.profile = prof
     return prof

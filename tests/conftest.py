@@ -1,9 +1,12 @@
 from __future__ import annotations
 
+import contextlib
+import io
 import os
 import sys
 from dataclasses import dataclass
 from pathlib import Path
+from typing import NamedTuple
 
 import pytest
 
@@ -70,3 +73,34 @@ def real_pair_paths() -> tuple[Path, Path] | None:
 # One thread: the tiny models gain nothing from two, and two spinning llama.cpp threads stall badly
 # whenever another process holds a core (measured: 0.14 s vs 2.8-116 s for 279 tokens under load).
 THREADS = int(os.environ.get("LOCALSPEC_TEST_THREADS", "1"))
+
+
+class CliResult(NamedTuple):  # rc, out, err = cli(...)
+    code: int
+    out: str
+    err: str
+
+
+def invoke(*argv: str, home: Path | None = None) -> CliResult:
+    """Run `localspec ARGV...` in-process, capturing stdout and stderr (home: another data root)."""
+    from localspec.cli import main
+
+    out, err = io.StringIO(), io.StringIO()
+    with pytest.MonkeyPatch.context() as mp:
+        if home is not None:
+            mp.setenv("LOCALSPEC_HOME", str(home))
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            code = main([str(a) for a in argv])
+    return CliResult(code, out.getvalue(), err.getvalue())
+
+
+@pytest.fixture
+def cli():
+    """`cli("run", "--json", ...)` -> CliResult(code, out, err): the one way tests run the CLI in-process."""
+    return invoke
+
+
+def tiny_pair_args(tiny, draft=None, ctx: int = 512) -> list[str]:
+    """Flags for a run on the tiny models: the target, a draft, the test thread count, a small context."""
+    args = ["--target", str(tiny.target), "--threads", str(THREADS), "-c", str(ctx)]
+    return args + (["--draft", str(draft)] if draft else [])

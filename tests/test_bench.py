@@ -4,14 +4,13 @@ only that times are positive and that the counts add up."""
 
 from __future__ import annotations
 
-import contextlib
 import io
 import json
 import sys
 
 import pytest
 
-from conftest import THREADS
+from conftest import THREADS, invoke
 from localspec.bench import workloads as wl
 from localspec.bench.runner import Setting, build_settings, parse_setting, runs_per_prompt, schedule
 from localspec.cli import main
@@ -27,13 +26,8 @@ POOLED_KEYS = {"runs", "tokens", "target_passes", "rounds_plain", "drafted", "ac
 
 
 def bench(argv: list[str], home) -> tuple[int, str, str]:
-    """Run `localspec bench ...` in-process with LOCALSPEC_HOME at `home`; (exit code, stdout, stderr)."""
-    out, err = io.StringIO(), io.StringIO()
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("LOCALSPEC_HOME", str(home))
-        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-            code = main(["bench", *argv])
-    return code, out.getvalue(), err.getvalue()
+    """`localspec bench ...` with LOCALSPEC_HOME at `home` (module-scoped fixtures share one)."""
+    return tuple(invoke("bench", *argv, home=home))
 
 
 def model_args(tiny, draft) -> list[str]:
@@ -152,16 +146,23 @@ def test_default_settings_are_fixed_model_draft_and_runs_default(tiny, tmp_path)
     assert "--setting on:model:4 --setting auto:hybrid:4/8" in d["command"]
 
 
-def test_auto_reuses_the_stored_profile_unless_retune(tiny, tmp_path):
+def test_auto_reuses_the_stored_profile_unless_retune(tiny, tmp_path, monkeypatch):
+    from localspec import tuning
+
+    measured = []  # every profile measurement, counted where profiles are made
+    real = tuning.measure_costs
+    monkeypatch.setattr(tuning, "measure_costs", lambda *a, **kw: measured.append(1) or real(*a, **kw))
     args = [*model_args(tiny, tiny.perturbed), "--workloads", "chat", "--prompts-per-workload", "1", "-n", "6",
             "--setting", "auto:ngram:2", "--json", "-q"]
     home = tmp_path / "home"
     first = json.loads(bench(args, home)[1])["auto_profile"]
     stored = list((home / "profiles").glob("*.json"))
+    assert len(measured) == 1
     assert len(stored) == 1 and json.loads(stored[0].read_text())["t_verify"] == first["t_verify"]
     assert json.loads(bench(args, home)[1])["auto_profile"]["t_verify"] == first["t_verify"]  # reused
+    assert len(measured) == 1
     third = json.loads(bench([*args, "--retune"], home)[1])
-    assert third["auto_profile"]["t_verify"] != first["t_verify"]  # measured again (timings never repeat exactly)
+    assert len(measured) == 2  # measured again
     assert json.loads(stored[0].read_text())["t_verify"] == third["auto_profile"]["t_verify"]
     assert "--retune" in third["command"]
 

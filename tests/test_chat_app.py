@@ -15,6 +15,7 @@ import time
 
 import pytest
 
+from conftest import THREADS
 from localspec import paths
 from localspec.chat.app import ChatApp
 from localspec.chat.status import DRAFT_STYLE, TARGET_STYLE
@@ -25,7 +26,6 @@ from localspec.commands.chat import parse_chat_args
 SIZE = (100, 30)
 # One llama.cpp thread: the tiny models gain nothing from more, and on a shared 2-core machine two
 # spinning threads make a 2-layer model up to 100x slower whenever another process holds a core.
-THREADS = 1
 TIMEOUT_S = 30.0  # generous: the machine may be shared; a passing run takes a fraction of this
 
 
@@ -317,7 +317,11 @@ def test_tiny_terminal_still_works(tiny):
             view = await send(pilot, app, "hello world")
             assert view.text and app.last_stats.tokens > 0
             await pilot.press("ctrl+t")
-            await pilot.pause()
+            await wait_until(pilot, lambda: app.provenance, "the provenance view")
+            assert "■ draft" in status_text(app) and view.show_provenance
+            await pilot.press("ctrl+t")
+            await wait_until(pilot, lambda: not app.provenance, "the plain view")
+            assert "■ draft" not in status_text(app) and not view.show_provenance
     run(go())
 
 

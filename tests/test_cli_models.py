@@ -10,7 +10,6 @@ import pytest
 from hub_helpers import cache_hf_file, gguf_kv_end
 
 from localspec import models, paths
-from localspec.cli import main
 
 TINY_REGISTRY = """\
 pairs:
@@ -31,18 +30,14 @@ def tiny_registry(tmp_path, monkeypatch):
     """Only the pairs above, so the whole listing can be written down."""
     f = tmp_path / "models.yaml"
     f.write_text(TINY_REGISTRY)
-    monkeypatch.setattr(models, "PACKAGE_REGISTRY_FILE", f)
+    monkeypatch.setattr(models.registry, "PACKAGE_REGISTRY_FILE", f)
     return f
 
 
-def run(capsys, *argv):
-    code = main(list(argv))
-    out, err = capsys.readouterr()
-    return code, out, err
 
 
-def test_paths_json(capsys, localspec_home):
-    code, out, err = run(capsys, "paths", "--json")
+def test_paths_json(localspec_home, cli):
+    code, out, err = cli("paths", "--json")
     hf_home = os.environ["HF_HOME"]
     assert (code, err) == (0, "")
     assert json.loads(out) == {
@@ -57,9 +52,9 @@ def test_paths_json(capsys, localspec_home):
     }
 
 
-def test_models_json(capsys, tiny, tiny_registry):
+def test_models_json(tiny, tiny_registry, cli):
     target = cache_hf_file(models.hf_cache_dir(), "org/tiny-GGUF", "target.gguf", tiny.target)
-    code, out, err = run(capsys, "models", "--json")
+    code, out, err = cli("models", "--json")
     assert (code, err) == (0, "")
     settings = {"draft_max": 4, "p_min": 0.0, "n_ctx": 4096, "n_gpu_layers_target": -1, "n_gpu_layers_draft": -1,
                 "chat_template": None, "rpc_servers": None}
@@ -79,9 +74,9 @@ def test_models_json(capsys, tiny, tiny_registry):
     }
 
 
-def test_models_table_and_list_alias(capsys, tiny, tiny_registry):
+def test_models_table_and_list_alias(tiny, tiny_registry, cli):
     cache_hf_file(models.hf_cache_dir(), "org/tiny-GGUF", "target.gguf", tiny.target)
-    code, out, _ = run(capsys, "list")
+    code, out, _ = cli("list")
     target = models.hf_cached_file("org/tiny-GGUF", "target.gguf")
     size = models.human_size(tiny.target.stat().st_size).ljust(8)  # e.g. "260.3 kB"
     assert code == 0
@@ -94,8 +89,8 @@ def test_models_table_and_list_alias(capsys, tiny, tiny_registry):
         """)
 
 
-def test_check_json_incompatible(capsys, tiny):
-    code, out, err = run(capsys, "check", str(tiny.target), str(tiny.other_vocab), "--json")
+def test_check_json_incompatible(tiny, cli):
+    code, out, err = cli("check", str(tiny.target), str(tiny.other_vocab), "--json")
     assert (code, err) == (1, "")
 
     def side(path):
@@ -112,8 +107,8 @@ def test_check_json_incompatible(capsys, tiny):
     }
 
 
-def test_check_text_compatible(capsys, tiny):
-    code, out, err = run(capsys, "check", str(tiny.target), str(tiny.same))
+def test_check_text_compatible(tiny, cli):
+    code, out, err = cli("check", str(tiny.target), str(tiny.same))
     assert (code, err) == (0, "")
     assert out == (
         f"target {tiny.target}: llama tiny-llama-seed0-perturb0.0 (f16), spm vocab of 334 tokens, bos 1, eos 4; "
@@ -123,44 +118,44 @@ def test_check_text_compatible(capsys, tiny):
         "compatible: the draft can speculate for the target\n")
 
 
-def test_check_suggests_drafts_known_for_the_target(capsys, tiny, tiny_registry):
+def test_check_suggests_drafts_known_for_the_target(tiny, tiny_registry, cli):
     cache_hf_file(models.hf_cache_dir(), "org/tiny-GGUF", "target.gguf", tiny.target)
-    code, out, err = run(capsys, "check", "org/tiny-GGUF/target.gguf", str(tiny.other_vocab))
+    code, out, err = cli("check", "org/tiny-GGUF/target.gguf", str(tiny.other_vocab))
     assert (code, err) == (1, "")
     assert out.endswith("not compatible: token 261 differs: target '▁the', draft '▁zzthe'\n"
                         "drafts known for this target in models.yaml:\n"
                         "  org/tiny-GGUF/draft.gguf  (pair tiny)\n")
 
 
-def test_errors_are_one_line_with_the_next_step(capsys, tmp_path):
-    code, out, err = run(capsys, "check", "qwen2.5-coder-1.5", str(tmp_path / "none.gguf"))
+def test_errors_are_one_line_with_the_next_step(tmp_path, cli):
+    code, out, err = cli("check", "qwen2.5-coder-1.5", str(tmp_path / "none.gguf"))
     assert (code, out) == (2, "")
     assert err == ("error: unknown pair 'qwen2.5-coder-1.5'; did you mean qwen2.5-coder-1.5b, qwen2.5-coder-14b, "
                    "qwen2.5-coder-7b?\n")
-    code, out, err = run(capsys, "check", str(tmp_path / "none.gguf"))
+    code, out, err = cli("check", str(tmp_path / "none.gguf"))
     assert (code, out, err) == (1, "", f"error: model file not found: {tmp_path / 'none.gguf'}; pass an existing "
                                        ".gguf path, ORG/REPO/FILE.gguf or a pair name\n")
-    code, out, err = run(capsys, "pull", "qwen2.5-coder-7b")
+    code, out, err = cli("pull", "qwen2.5-coder-7b")
     assert (code, out) == (1, "")
     assert err == ("error: bartowski/Qwen2.5-Coder-7B-Instruct-GGUF/Qwen2.5-Coder-7B-Instruct-Q4_K_M.gguf is not "
                    "downloaded and HF_HUB_OFFLINE=1 is set; unset HF_HUB_OFFLINE to download it\n")
-    assert run(capsys, "pull", "gemma3-4") == (2, "", "error: unknown pair 'gemma3-4'; did you mean gemma3-4b, "
+    assert cli("pull", "gemma3-4") == (2, "", "error: unknown pair 'gemma3-4'; did you mean gemma3-4b, "
                                                       "gemma3-12b?\n")
     bad = tmp_path / "x.gguf"
     bad.write_bytes(b"<html>404</html>")
-    code, out, err = run(capsys, "check", str(bad), str(bad))
+    code, out, err = cli("check", str(bad), str(bad))
     assert (code, err) == (1, f"error: {bad} is not a GGUF model file (it starts with b'<htm'); pass a .gguf file\n")
 
 
-def test_rm_transcript(capsys, tiny, tiny_registry):
+def test_rm_transcript(tiny, tiny_registry, cli):
     cached = cache_hf_file(models.hf_cache_dir(), "org/tiny-GGUF", "target.gguf", tiny.target)
     size = models.human_size(tiny.target.stat().st_size)
-    assert run(capsys, "rm", "tiny") == (0, f"removed {cached} ({size})\n", "")
-    assert run(capsys, "rm", "tiny") == (0, "nothing to remove for tiny: no downloaded or assembled files\n", "")
+    assert cli("rm", "tiny") == (0, f"removed {cached} ({size})\n", "")
+    assert cli("rm", "tiny") == (0, "nothing to remove for tiny: no downloaded or assembled files\n", "")
 
 
-def test_doctor_json_reports_build_machine_and_reinstall_commands(capsys):
-    code, out, err = run(capsys, "doctor", "--json")
+def test_doctor_json_reports_build_machine_and_reinstall_commands(cli):
+    code, out, err = cli("doctor", "--json")
     assert (code, err) == (0, "")
     report = json.loads(out)
     tail = "pip install --force-reinstall --no-cache-dir llama-cpp-python"

@@ -9,21 +9,16 @@ import sys
 
 import pytest
 
+from conftest import tiny_pair_args
 from localspec.cli import main
 
 
-def cli(capsys, *args):
-    rc = main(list(args))
-    out, err = capsys.readouterr()
-    return rc, out, err
-
-
 def pair(tiny, draft=None):
-    return ["--target", str(tiny.target), "--draft", str(draft or tiny.same), "--threads", "1", "-c", "512"]
+    return tiny_pair_args(tiny, draft or tiny.same)
 
 
-def test_run_json_transcript(tiny, capsys):
-    rc, out, err = cli(capsys, "run", *pair(tiny), "--json", "-k", "4", "--temperature", "0", "--spec", "on",
+def test_run_json_transcript(tiny, cli):
+    rc, out, err = cli("run", *pair(tiny), "--json", "-k", "4", "--temperature", "0", "--spec", "on",
                        "--drafter", "model", "--max-tokens", "24", "hello world")
     assert rc == 0 and err == ""
     obj = json.loads(out)
@@ -38,33 +33,33 @@ def test_run_json_transcript(tiny, capsys):
     assert sum(st["drafted_by_position"]) == st["drafted"]
 
 
-def test_run_streams_same_text_as_json_and_stats_go_to_stderr(tiny, capsys):
+def test_run_streams_same_text_as_json_and_stats_go_to_stderr(tiny, cli):
     args = [*pair(tiny, tiny.perturbed), "--temperature", "0", "--max-tokens", "20", "--spec", "on", "the cache"]
-    rc, out, err = cli(capsys, "run", *args, "--stats")
+    rc, out, err = cli("run", *args, "--stats")
     assert rc == 0
-    rc, js, _ = cli(capsys, "run", *args, "--json")
+    rc, js, _ = cli("run", *args, "--json")
     assert out == json.loads(js)["text"] + "\n"
     lines = err.strip().splitlines()
     assert lines[0].startswith("draft acceptance rate = ") and "accepted /" in lines[0]
     assert any(line.startswith("tokens = ") and "target passes" in line for line in lines)
 
 
-def test_bare_prompt_means_run_and_no_spec_is_plain(tiny, capsys):
-    rc, out, err = cli(capsys, *pair(tiny), "--no-spec", "--json", "--temperature", "0", "-n", "10", "hello")
+def test_bare_prompt_means_run_and_no_spec_is_plain(tiny, cli):
+    rc, out, err = cli(*pair(tiny), "--no-spec", "--json", "--temperature", "0", "-n", "10", "hello")
     st = json.loads(out)["stats"]
     assert rc == 0 and st["drafted"] == 0 and st["spec_mode"] == "off" and st["rounds_plain"] == st["target_passes"]
 
 
-def test_auto_measures_a_profile_once(tiny, capsys, localspec_home):
-    rc, _, err = cli(capsys, *pair(tiny), "-n", "5", "hello")
+def test_auto_measures_a_profile_once(tiny, localspec_home, cli):
+    rc, _, err = cli(*pair(tiny), "-n", "5", "hello")
     assert rc == 0 and "measuring pass costs" in err
     assert list((localspec_home / "profiles").glob("*.json"))
-    rc, _, err = cli(capsys, *pair(tiny), "-n", "5", "hello")
+    rc, _, err = cli(*pair(tiny), "-n", "5", "hello")
     assert rc == 0 and "measuring" not in err
 
 
-def test_verify_reports_ok(tiny, capsys):
-    rc, out, err = cli(capsys, "verify", *pair(tiny, tiny.perturbed), "-n", "24")
+def test_verify_reports_ok(tiny, cli):
+    rc, out, err = cli("verify", *pair(tiny, tiny.perturbed), "-n", "24")
     assert rc == 0, out + err
     assert out.strip().splitlines()[-1] == "verdict: OK"
     assert out.startswith("logit noise between batched and single-token evaluation: ")
@@ -80,38 +75,38 @@ def _one_line_error(rc, out, err, *needles):
         assert n in lines[0], lines[0]
 
 
-def test_missing_file(tmp_path, capsys):
-    _one_line_error(*cli(capsys, "run", "--target", str(tmp_path / "nope.gguf"), "hi"), "nope.gguf", "not found")
+def test_missing_file(tmp_path, cli):
+    _one_line_error(*cli("run", "--target", str(tmp_path / "nope.gguf"), "hi"), "nope.gguf", "not found")
 
 
-def test_not_a_gguf(tmp_path, capsys):
+def test_not_a_gguf(tmp_path, cli):
     f = tmp_path / "notes.gguf"
     f.write_text("hello, I am a text file pretending to be a model\n" * 100)
-    _one_line_error(*cli(capsys, "run", "--target", str(f), "hi"), "not a GGUF")
+    _one_line_error(*cli("run", "--target", str(f), "hi"), "not a GGUF")
 
 
-def test_truncated_gguf(tiny, tmp_path, capsys):
+def test_truncated_gguf(tiny, tmp_path, cli):
     f = tmp_path / "truncated.gguf"
     f.write_bytes(tiny.target.read_bytes()[:200_000])
-    _one_line_error(*cli(capsys, "run", "--target", str(f), "hi"), "could not load")
+    _one_line_error(*cli("run", "--target", str(f), "hi"), "could not load")
 
 
-def test_incompatible_pair(tiny, capsys):
-    _one_line_error(*cli(capsys, "run", "--target", str(tiny.target), "--draft", str(tiny.other_vocab), "hi"),
+def test_incompatible_pair(tiny, cli):
+    _one_line_error(*cli("run", "--target", str(tiny.target), "--draft", str(tiny.other_vocab), "hi"),
                     "not compatible", "token")
 
 
-def test_empty_prompt(tiny, capsys, monkeypatch):
+def test_empty_prompt(tiny, monkeypatch, cli):
     monkeypatch.setattr(sys, "stdin", open(os.devnull))
-    _one_line_error(*cli(capsys, "run", *pair(tiny), "   "), "empty prompt")
+    _one_line_error(*cli("run", *pair(tiny), "   "), "empty prompt")
 
 
-def test_prompt_longer_than_context(tiny, capsys):
-    _one_line_error(*cli(capsys, "run", *pair(tiny), "--raw", "the cache " * 400), "context holds")
+def test_prompt_longer_than_context(tiny, cli):
+    _one_line_error(*cli("run", *pair(tiny), "--raw", "the cache " * 400), "context holds")
 
 
-def test_no_chat_template_is_reported(tiny, capsys):
-    _one_line_error(*cli(capsys, "run", "--target", str(tiny.no_template), "hi"), "no chat template", "--raw")
+def test_no_chat_template_is_reported(tiny, cli):
+    _one_line_error(*cli("run", "--target", str(tiny.no_template), "hi"), "no chat template", "--raw")
 
 
 def test_bad_flag_value(capsys):

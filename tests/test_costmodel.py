@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from localspec.bench import predict
+from localspec import costmodel as predict
 from localspec.costmodel import CostProfile, best_k, expected_tokens, predicted_speedup
 
 

@@ -9,8 +9,8 @@ import pytest
 from hub_helpers import HubEmulator, gguf_kv_end, write_padded_gguf
 
 from localspec.errors import LocalspecError
-from localspec.gguf_header import (GgufHeaderError, SkippedArray, check_pair_files, read_header,
-                                   read_header_file, vocab_info_from_header)
+from localspec.models.check import check_pair_files, vocab_info_from_header
+from localspec.models.gguf_header import GgufHeaderError, SkippedArray, read_header, read_header_file
 from tinygguf import tiny_vocab
 
 TOKENS, _, _ = tiny_vocab()

@@ -16,7 +16,7 @@ from hub_helpers import (COMMIT, HubEmulator, cache_hf_file, make_fake_distribut
 
 from localspec import models, paths
 from localspec.errors import ConfigError, LocalspecError, ModelLoadError
-from localspec.gguf_header import check_pair_files
+from localspec.models.check import check_pair_files
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 
@@ -106,7 +106,7 @@ def test_user_file_adds_pairs_and_changes_keys_of_shipped_ones(tiny):
     assert default.origin == str(user)
     spec = registry["tiny"]
     assert spec.target == models.ModelSource(path=tiny.target)
-    assert spec.draft == models.ModelSource(hf=models.HfSource("org/tiny-GGUF", "draft.gguf"))
+    assert spec.draft == models.ModelSource(hf=models.HubFile("org/tiny-GGUF", "draft.gguf"))
     assert (spec.p_min, spec.draft_max, spec.n_ctx) == (0.5, 4, 4096)
 
 

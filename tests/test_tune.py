@@ -5,11 +5,12 @@ from __future__ import annotations
 import json
 
 from localspec.backend import Model
+from conftest import THREADS
 from localspec.cli import main
 
 
 def test_tune_measures_stores_and_shows(tiny, capsys, localspec_home):
-    pair = ["--target", str(tiny.target), "--draft", str(tiny.perturbed), "--threads", "1"]
+    pair = ["--target", str(tiny.target), "--draft", str(tiny.perturbed), "--threads", str(THREADS)]
     assert main(["tune", *pair, "--show"]) == 1
     assert "no profile stored" in capsys.readouterr().err
     assert main(["tune", *pair, "--json"]) == 0
@@ -24,7 +25,7 @@ def test_tune_measures_stores_and_shows(tiny, capsys, localspec_home):
 
 
 def test_quantize_draft_builds_a_loadable_q4_0_and_measures_it(tiny, capsys, localspec_home):
-    rc = main(["tune", "--target", str(tiny.target), "--draft", str(tiny.perturbed), "--threads", "1",
+    rc = main(["tune", "--target", str(tiny.target), "--draft", str(tiny.perturbed), "--threads", str(THREADS),
                "--quantize-draft", "--json"])
     assert rc == 0
     q = json.loads(capsys.readouterr().out)["q4_0_draft"]

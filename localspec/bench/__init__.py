@@ -2,7 +2,8 @@
 
 - `workloads`: the shipped prompt sets (localspec/workloads/*.jsonl) and the user's own files.
 - `runner`: settings, the A B A B schedule, aggregation of the engine's `Stats`.
-- `predict`: speedups predicted from measured pass costs (Leviathan et al., and realised rounds).
+- `document`: the result document (what ran, on what, every figure).
+Predicted speedups come from `costmodel` (shared with the chat's status bar).
 - `report`: terminal tables, markdown report, PNG plots (matplotlib optional).
 - `progress`: the progress bar on stderr.
 The command is `localspec bench` (localspec/commands/bench.py).

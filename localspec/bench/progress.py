@@ -41,11 +41,6 @@ class Progress:
         self.current = what
         self._draw()
 
-    def note(self, text: str) -> None:
-        self._clear()
-        self.stream.write(text + "\n")
-        self._draw()
-
     def finish(self) -> None:
         if self.current:
             self.done += 1

@@ -10,7 +10,7 @@ import os
 import platform
 from pathlib import Path
 
-from ..costmodel import CostProfile, best_k
+from ..costmodel import CostProfile, best_k, implausible_pass
 
 ALPHAS = (0.5, 0.6, 0.7, 0.8, 0.9, 0.95)
 
@@ -89,16 +89,13 @@ def costs_dict(c: CostProfile) -> dict:
 def cost_warnings(c: CostProfile, what: str = "pass costs") -> list[str]:
     """Signs that the costs were measured on a busy machine: a pass over n tokens cannot be much
     cheaper than a pass over fewer (the weights are read once either way)."""
-    out = []
-    tv = c.t_verify
-    for n in range(1, len(tv)):
-        if tv[n] < 0.8 * max(tv[:n]):
-            m = max(range(n), key=lambda i: tv[i]) + 1
-            out.append(f"{what} look disturbed: T_verify({n + 1}) = {1000 * tv[n]:.2f} ms is below T_verify({m}) = "
-                       f"{1000 * tv[m - 1]:.2f} ms; the machine was probably busy while measuring, so predictions "
-                       "(and --spec auto) may be off: rerun when it is quiet")
-            break
-    return out
+    bad = implausible_pass(c.t_verify)
+    if bad is None:
+        return []
+    (n, m), tv = bad, c.t_verify
+    return [f"{what} look disturbed: T_verify({n}) = {1000 * tv[n - 1]:.2f} ms is below T_verify({m}) = "
+            f"{1000 * tv[m - 1]:.2f} ms; the machine was probably busy while measuring, so predictions "
+            "(and --spec auto) may be off: rerun when it is quiet"]
 
 
 def break_even(c: CostProfile, k_max: int = 8) -> list[dict]:
@@ -343,33 +340,43 @@ def make_plots(doc: dict, base: Path) -> list[tuple[str, str]]:
     fixed = [s for s in doc["settings"] if s["spec"] == "on"]
     drafters = list(dict.fromkeys(s["drafter"] for s in fixed))
     if drafters:
-        fig, axes = plt.subplots(1, len(drafters), figsize=(5.5 * len(drafters), 4), squeeze=False)
-        for ax, d in zip(axes[0], drafters):
-            for i, w in enumerate(doc["workloads"]):
-                pts = sorted((s["setting"]["k"], s) for s in w["settings"]
-                             if s["setting"]["spec"] == "on" and s["setting"]["drafter"] == d and not s["setting"]["p_min"])
-                pts = [(k, s) for k, s in pts if s["ratio"]]
-                if not pts:
-                    continue
-                ks = [k for k, _ in pts]
-                color = f"C{i % 10}"
-                ax.plot(ks, [s["ratio"]["median"] for _, s in pts], "o-", color=color, label=w["workload"])
-                ax.fill_between(ks, [s["ratio"]["min"] for _, s in pts], [s["ratio"]["max"] for _, s in pts],
-                                color=color, alpha=0.12)
-                lev = [(k, s["predicted"]["leviathan"]) for k, s in pts if s["predicted"]["leviathan"]]
-                if lev:
-                    ax.plot([k for k, _ in lev], [v for _, v in lev], "--", color=color, alpha=0.6)
-            ax.axhline(1.0, color="grey", lw=0.8)
-            ax.set_title(f"{d} drafter (dashed: predicted)")
-            ax.set_xlabel("k (draft tokens per round)")
-            ax.set_ylabel("speedup over plain (median over prompts)")
-            ax.legend(fontsize=8)
-        fig.tight_layout()
-        name = base.name + "-speedup.png"
-        fig.savefig(base.parent / name, dpi=110)
-        plt.close(fig)
-        written.append(("Speedup over plain by k, per workload", name))
+        written.append(_speedup_plot(plt, doc, drafters, base))
+    acceptance = _acceptance_plot(plt, doc, drafters, base)
+    if acceptance:
+        written.append(acceptance)
+    return written
 
+
+def _speedup_plot(plt, doc: dict, drafters: list[str], base: Path) -> tuple[str, str]:
+    fig, axes = plt.subplots(1, len(drafters), figsize=(5.5 * len(drafters), 4), squeeze=False)
+    for ax, d in zip(axes[0], drafters):
+        for i, w in enumerate(doc["workloads"]):
+            pts = sorted((s["setting"]["k"], s) for s in w["settings"]
+                         if s["setting"]["spec"] == "on" and s["setting"]["drafter"] == d and not s["setting"]["p_min"])
+            pts = [(k, s) for k, s in pts if s["ratio"]]
+            if not pts:
+                continue
+            ks = [k for k, _ in pts]
+            color = f"C{i % 10}"
+            ax.plot(ks, [s["ratio"]["median"] for _, s in pts], "o-", color=color, label=w["workload"])
+            ax.fill_between(ks, [s["ratio"]["min"] for _, s in pts], [s["ratio"]["max"] for _, s in pts],
+                            color=color, alpha=0.12)
+            lev = [(k, s["predicted"]["leviathan"]) for k, s in pts if s["predicted"]["leviathan"]]
+            if lev:
+                ax.plot([k for k, _ in lev], [v for _, v in lev], "--", color=color, alpha=0.6)
+        ax.axhline(1.0, color="grey", lw=0.8)
+        ax.set_title(f"{d} drafter (dashed: predicted)")
+        ax.set_xlabel("k (draft tokens per round)")
+        ax.set_ylabel("speedup over plain (median over prompts)")
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    name = base.name + "-speedup.png"
+    fig.savefig(base.parent / name, dpi=110)
+    plt.close(fig)
+    return ("Speedup over plain by k, per workload", name)
+
+
+def _acceptance_plot(plt, doc: dict, drafters: list[str], base: Path) -> tuple[str, str] | None:
     fig, axes = plt.subplots(1, max(1, len(drafters)), figsize=(5.5 * max(1, len(drafters)), 4), squeeze=False)
     any_line = False
     for ax, d in zip(axes[0], drafters or ["model"]):
@@ -390,9 +397,10 @@ def make_plots(doc: dict, base: Path) -> list[tuple[str, str]]:
         ax.set_ylabel("share of rounds accepting it")
         ax.legend(fontsize=8)
     fig.tight_layout()
+    found = None
     if any_line:
         name = base.name + "-acceptance.png"
         fig.savefig(base.parent / name, dpi=110)
-        written.append(("Acceptance by draft position", name))
+        found = ("Acceptance by draft position", name)
     plt.close(fig)
-    return written
+    return found

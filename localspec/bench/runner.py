@@ -19,12 +19,12 @@ import math
 import statistics
 from dataclasses import dataclass
 
+from .. import costmodel as predict
 from ..config import GenConfig
 from ..costmodel import CostProfile
 from ..engine import Message
 from ..errors import ConfigError
 from ..stats import Stats
-from . import predict
 from .workloads import BUILTIN, Prompt
 
 SPECS = ("on", "auto")
@@ -177,9 +177,6 @@ class NullProgress:
         pass
 
     def step(self, what: str) -> None:
-        pass
-
-    def note(self, text: str) -> None:
         pass
 
     def finish(self) -> None:

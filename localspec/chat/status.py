@@ -1,7 +1,7 @@
 """The status bar's figures: live speculation stats and the speedup estimated from measured costs.
 
 Estimated speedup over plain decoding = tokens * T_decode / (sum of round costs), the realised
-rounds priced by the measured profile (`bench.predict.predict_from_rounds`, the same figure the bench
+rounds priced by the measured profile (`costmodel.predict_from_rounds`, the same figure the bench
 prints): a round that drafted k tokens costs T_verify(k + 1) plus the drafting (k * T_draft for
 the draft model, ~0 for the n-gram lookup).
 """
@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 from textual.content import Content
 
-from ..bench.predict import predict_from_rounds
+from ..costmodel import plausible, predict_from_rounds
 
 DRAFT_STYLE = "bold #5fd75f"  # accepted draft tokens (draft model or n-gram lookup)
 TARGET_STYLE = "#ffaf00"  # tokens the target produced itself (corrections and bonus tokens)
@@ -22,16 +22,9 @@ def is_draft(source: str | None) -> bool:
     return source in ("model", "ngram")
 
 
-def profile_is_plausible(profile) -> bool:
-    """A pass over n tokens never costs much less than a pass over one; a profile where it does
-    was measured while something else held the CPU, and its estimates would be nonsense."""
-    tv = profile.t_verify
-    return bool(tv) and profile.t_decode > 0 and min(tv) >= 0.5 * tv[0]
-
-
 def estimated_speedup(stats, profile) -> float | None:
     """Speedup over plain decoding implied by this reply's rounds and the measured pass costs."""
-    if profile is None or not stats.tokens or not stats.target_passes or not profile_is_plausible(profile):
+    if profile is None or not stats.tokens or not stats.target_passes or not plausible(profile.t_verify):
         return None
     return predict_from_rounds(stats.tokens, stats.rounds_plain, stats.drafted_by_position,
                                stats.drafted_by_drafter, profile)

@@ -186,16 +186,5 @@ def provenance_content(runs: list[tuple[str, str]]) -> Content:
     return Content.assemble(*parts)
 
 
-def merge_runs(runs: list[tuple[str, str]]) -> list[list[str]]:
-    """Compact [[source, text], ...] for storage: consecutive chunks of one source joined."""
-    out: list[list[str]] = []
-    for text, source in runs:
-        if out and out[-1][0] == source:
-            out[-1][1] += text
-        else:
-            out.append([source, text])
-    return out
-
-
 class StatusBar(Static):
     pass

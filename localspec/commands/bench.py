@@ -6,12 +6,12 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from datetime import datetime, timezone
 from pathlib import Path
 
 from ..config import GenConfig
 from ..errors import ConfigError, LocalspecError
-from .common import add_model_args, nonneg_int, open_engine, pos_int, select_models
+from ..session import ensure_profile, load_config, open_engine, select_models
+from .common import add_model_args, model_choice, nonneg_int, pos_int, stderr_note
 
 COST_N_MAX = 16
 
@@ -106,7 +106,7 @@ def cmd_bench(args) -> int:
     chosen = None
     if not args.costs:  # check the user's prompt files before loading any model
         chosen = wl.select(args.workloads, args.prompts, args.prompts_per_workload)
-    sel = select_models(args)
+    sel = select_models(model_choice(args))
     if args.costs:
         return _cmd_costs(args, sel)
     settings = _settings(args, sel)
@@ -140,25 +140,26 @@ def _settings(args, sel):
     return build_settings(specs, drafters, ks, p_mins, extra, has_draft=bool(sel.draft))
 
 
-def _engine(args, sel, spec: str):
-    return open_engine(args, sel, GenConfig(spec=spec), quiet=args.json)
+def _engine(args, sel):
+    return open_engine(sel, load_config(model_choice(args), sel))
 
 
 def _cmd_costs(args, sel) -> int:
+    from ..bench.document import pair_info
     from ..bench.report import break_even, cost_warnings, costs_dict, costs_lines
     from ..costmodel import measure_costs
-    from ..tuning import profile_key, profile_path
+    from ..tuning import profile_path, tune
 
-    engine = _engine(args, sel, "on")
+    engine = _engine(args, sel)
     try:
         if not args.quiet:
             sys.stderr.write(f"measuring pass costs (n = 1..{COST_N_MAX}, median of {args.cost_repeats})...\n")
-        costs = measure_costs(engine, n_max=COST_N_MAX, repeats=args.cost_repeats)
         saved = None
-        if args.save:
-            costs.key = profile_key(engine)
+        if args.save:  # the one way a profile is measured and stored
+            costs = tune(engine, n_max=COST_N_MAX, repeats=args.cost_repeats, warmup=2)
             saved = profile_path(costs.key)
-            costs.save(saved)
+        else:
+            costs = measure_costs(engine, n_max=COST_N_MAX, repeats=args.cost_repeats)
         threads = engine.load.n_threads
     finally:
         engine.close()
@@ -166,7 +167,7 @@ def _cmd_costs(args, sel) -> int:
     for wmsg in warnings:
         sys.stderr.write(f"warning: {wmsg}\n")
     if args.json:
-        doc = {"pair": _pair_info(sel), "threads": threads, "costs": costs_dict(costs),
+        doc = {"pair": pair_info(sel), "threads": threads, "costs": costs_dict(costs),
                "break_even": break_even(costs), "saved_to": str(saved) if saved else None, "warnings": warnings}
         print(json.dumps(doc, indent=2))
     else:
@@ -178,39 +179,21 @@ def _cmd_costs(args, sel) -> int:
     return 0
 
 
-def _pair_info(sel) -> dict:
-    def size(p):
-        try:
-            return Path(p).stat().st_size if p else None
-        except OSError:
-            return None
-
-    return {"name": sel.name, "target": sel.target, "draft": sel.draft,
-            "target_bytes": size(sel.target), "draft_bytes": size(sel.draft)}
-
-
 def _cmd_run(args, sel, chosen, settings) -> int:
-    from .. import __version__
-    from ..backend import system_info
     from ..bench import report
+    from ..bench.document import bench_document
     from ..bench.progress import Progress
     from ..bench.runner import NullProgress, Options, run_bench
     from ..costmodel import measure_costs
 
     needs_auto = any(s.spec == "auto" for s in settings)
-    engine = _engine(args, sel, "on")
+    engine = _engine(args, sel)
     try:
         warnings = []
         if needs_auto:
-            from ..tuning import ensure_profile, tune
-
-            if args.retune:
-                if not args.quiet:
-                    sys.stderr.write("measuring pass costs for --spec auto (--retune)...\n")
-                engine.profile = tune(engine)
-            else:
-                ensure_profile(engine, on_measure=None if args.quiet else lambda: sys.stderr.write(
-                    "measuring pass costs on this machine for --spec auto (once; `localspec tune` redoes it)...\n"))
+            if args.retune and not args.quiet:
+                sys.stderr.write("measuring pass costs for --spec auto (--retune)...\n")
+            ensure_profile(engine, "auto", None if args.quiet else stderr_note, remeasure=args.retune)
             warnings += report.cost_warnings(engine.profile, "the stored cost profile used by --spec auto")
         k_max = max(s.cap for s in settings)
         if not args.quiet:
@@ -223,27 +206,9 @@ def _cmd_run(args, sel, chosen, settings) -> int:
                        seed=args.seed, baseline_every=args.baseline_every, warmup=not args.no_warmup)
         progress = NullProgress() if args.quiet else Progress()
         results = run_bench(engine, chosen, settings, opts, costs, progress)
-        load = engine.load
-        doc = {
-            "schema": "localspec.bench/1",
-            "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-            "localspec": __version__,
-            "llama_cpp_python": system_info()["llama_cpp_python"],
-            "machine": report.machine_info(),
-            "command": _command_line(args, settings),
-            "pair": _pair_info(sel),
-            "load": {"n_ctx": load.n_ctx, "threads": load.n_threads, "threads_batch": load.n_threads_batch,
-                     "n_gpu_layers_target": load.n_gpu_layers_target, "n_gpu_layers_draft": load.n_gpu_layers_draft,
-                     "mmap": getattr(load, "mmap", None)},
-            "options": {"max_tokens": opts.max_tokens, "repeat": opts.repeat, "temperature": opts.temperature,
-                        "seed": opts.seed, "baseline_every": opts.baseline_every, "warmup": opts.warmup,
-                        "prompts_per_workload": args.prompts_per_workload},
-            "settings": [s.to_dict() for s in settings],
-            "costs": report.costs_dict(costs),
-            "auto_profile": report.costs_dict(engine.profile) if needs_auto and engine.profile else None,
-            "warnings": warnings + _result_warnings(results),
-            "workloads": results,
-        }
+        doc = bench_document(engine, sel, settings, opts, costs, results, warnings,
+                             command=_command_line(args, settings), prompts_per_workload=args.prompts_per_workload,
+                             auto_profile=engine.profile if needs_auto else None)
     finally:
         engine.close()
     if args.report:
@@ -273,22 +238,6 @@ def _fill_doc(doc: dict, spec: str, report_path: str | None) -> None:
     link = Path(os.path.relpath(report_path, path.parent)).as_posix() if report_path else None
     report.fill_block(path, name, report.summary_md(doc, link))
     sys.stderr.write(f"updated the {name} block of {path}\n")
-
-
-def _result_warnings(results: list[dict]) -> list[str]:
-    out, differ = [], []
-    for w in results:
-        for s in w["settings"]:
-            same = s["identical_outputs"]
-            if same and same["same"] < same["of"]:
-                differ.append(f"{w['workload']} {s['setting']['label']} {same['of'] - same['same']}/{same['of']}")
-            ctx = s["pooled"]["stop_reasons"].get("context", 0)
-            if ctx:
-                out.append(f"{w['workload']}, {s['setting']['label']}: {ctx} runs filled the context; raise --ctx-size")
-    if differ:  # one line: the per-setting counts are in the `same` column of the details
-        out.insert(0, "greedy outputs that part from plain decoding (near-ties where batched and single-token "
-                      "logits round differently; `localspec verify` checks this): " + ", ".join(differ))
-    return out
 
 
 def _write_report(doc: dict, path: Path) -> None:

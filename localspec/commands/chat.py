@@ -8,11 +8,11 @@ import sys
 from pathlib import Path
 
 from ..errors import ConfigError
-from .common import add_gen_args, add_model_args
+from .common import add_gen_args, add_model_args, gen_choice, model_choice
 
 
 def register(sub) -> None:
-    from ..chat.help import help_text
+    from ..chat.slash import help_text
 
     p = sub.add_parser("chat", help="chat in the terminal, streaming only verified tokens, with live speculation stats",
                        description="A terminal chat that shows only tokens the target model has verified, which of "
@@ -40,17 +40,23 @@ def register(sub) -> None:
     ex.set_defaults(func=cmd_history_export)
 
 
-def parse_chat_args(argv: list[str]) -> argparse.Namespace:
-    """The `chat` subcommand's arguments alone (for tests and embedding)."""
+def chat_options(args):
+    from ..chat.options import ChatOptions
+
+    return ChatOptions(models=model_choice(args), gen=gen_choice(args), resume=args.resume)
+
+
+def parse_chat_args(argv: list[str]):
+    """The `chat` subcommand's flags as the app's ChatOptions (for tests and embedding)."""
     parser = argparse.ArgumentParser(prog="localspec")
     register(parser.add_subparsers(dest="command"))
-    return parser.parse_args(["chat", *argv])
+    return chat_options(parser.parse_args(["chat", *argv]))
 
 
 def cmd_chat(args) -> int:
     from ..chat.app import ChatApp
 
-    app = ChatApp(args)
+    app = ChatApp(chat_options(args))
     app.run()
     return int(app.return_code or 0)
 

@@ -1,13 +1,12 @@
-"""Options shared by run, chat, verify and bench, and turning them into a loaded Engine."""
+"""Flags shared by run, chat, verify, bench and serve, and turning them into the session layer's choices."""
 
 from __future__ import annotations
 
 import argparse
 import sys
-from dataclasses import dataclass
 
-from ..config import GenConfig, LoadConfig, default_threads
-from ..errors import ConfigError
+from ..config import GenConfig, default_threads
+from ..session import GenChoice, ModelChoice
 
 
 def add_model_args(p: argparse.ArgumentParser, positional_pair: bool = False) -> None:
@@ -79,91 +78,19 @@ def _unit_float(s: str) -> float:
     return v
 
 
-@dataclass
-class Selection:
-    name: str
-    target: str
-    draft: str | None
-    spec: object | None  # models.PairSpec when a named pair was used
+def model_choice(args) -> ModelChoice:
+    return ModelChoice(pair=getattr(args, "pair_opt", None) or getattr(args, "pair", None), target=args.target,
+                       draft=args.draft, pull=getattr(args, "pull", False), ctx_size=args.ctx_size,
+                       threads=args.threads, n_gpu_layers=args.n_gpu_layers, mmap=getattr(args, "mmap", False))
 
 
-def select_models(args, notify=None) -> Selection:
-    """notify(message): where progress notes of slow steps go (default: stderr; the chat app shows them)."""
-    pair = getattr(args, "pair_opt", None) or getattr(args, "pair", None)
-    if args.draft and not args.target:
-        raise ConfigError("--draft needs --target too")
-    if args.target and pair:
-        raise ConfigError("give either a pair name or --target/--draft, not both")
-    try:
-        from .. import models
-    except ImportError:  # the models layer is optional for explicit paths
-        models = None
-    if models is None:
-        if not args.target:
-            raise ConfigError("pass --target PATH (and --draft PATH)")
-        return Selection(args.target, args.target, args.draft, None)
-    kw = {"notify": notify} if notify is not None else {}
-    r = models.resolve_pair(pair=pair, target=args.target, draft=args.draft, pull=getattr(args, "pull", False), **kw)
-    return Selection(r.name, str(r.target_path), str(r.draft_path) if r.draft_path else None, r.spec)
+def gen_choice(args) -> GenChoice:
+    return GenChoice(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, min_p=args.min_p,
+                     seed=args.seed, max_tokens=args.max_tokens, stop=list(args.stop), system=args.system,
+                     spec="off" if args.no_spec else args.spec, drafter=args.drafter,
+                     draft_max=args.draft_max, p_min=args.p_min)
 
 
-def load_config(args, sel: Selection) -> LoadConfig:
-    load = LoadConfig()
-    s = getattr(sel.spec, "settings", None) or sel.spec
-    if s is not None:
-        for field, attr in (("n_ctx", "n_ctx"), ("n_gpu_layers_target", "n_gpu_layers_target"),
-                            ("n_gpu_layers_draft", "n_gpu_layers_draft"), ("chat_template", "chat_template"),
-                            ("rpc_servers", "rpc_servers")):
-            v = getattr(s, attr, None)
-            if v is not None:
-                setattr(load, field, v)
-    if args.ctx_size:
-        load.n_ctx = args.ctx_size
-    if args.threads:
-        load.n_threads = load.n_threads_batch = args.threads
-    if getattr(args, "mmap", False):
-        load.mmap = True
-    if args.n_gpu_layers is not None:
-        load.n_gpu_layers_target = load.n_gpu_layers_draft = args.n_gpu_layers
-    return load
-
-
-def gen_config(args, sel: Selection | None = None) -> GenConfig:
-    cfg = GenConfig(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, min_p=args.min_p,
-                    seed=args.seed, max_tokens=args.max_tokens, stop=list(args.stop))
-    spec = getattr(sel, "spec", None)
-    s = getattr(spec, "settings", None) or spec
-    if s is not None:
-        if getattr(s, "draft_max", None) is not None:
-            cfg.draft_max = s.draft_max
-        if getattr(s, "p_min", None) is not None:
-            cfg.p_min = s.p_min
-    if args.draft_max is not None:
-        cfg.draft_max = cfg.ngram_draft_max = args.draft_max
-    if args.p_min is not None:
-        cfg.p_min = args.p_min
-    if args.drafter:
-        cfg.drafter = args.drafter
-    cfg.spec = "off" if args.no_spec else (args.spec or "auto")
-    if cfg.spec == "on" and cfg.draft_max == 0:
-        raise ConfigError("--spec on with -k 0 drafts nothing; use -k 1 or more")
-    return cfg
-
-
-def open_engine(args, sel: Selection, cfg: GenConfig, quiet: bool = False, tune: bool = True):
-    """Load the pair; for --spec auto make sure a measured cost profile exists (tune=False: later,
-    with `prepare_auto`, once the prompt is known to be fine)."""
-    from ..engine import Engine
-
-    engine = Engine(sel.target, sel.draft, load_config(args, sel))
-    if tune:
-        prepare_auto(engine, cfg, quiet)
-    return engine
-
-
-def prepare_auto(engine, cfg: GenConfig, quiet: bool = False) -> None:
-    from ..tuning import ensure_profile
-
-    if cfg.spec == "auto" and engine.profile is None:
-        ensure_profile(engine, on_measure=None if quiet else lambda: sys.stderr.write(
-            "measuring pass costs on this machine for --spec auto (once; `localspec tune` redoes it)...\n"))
+def stderr_note(message: str) -> None:
+    sys.stderr.write(message + "\n")
+    sys.stderr.flush()

@@ -6,7 +6,7 @@ import json
 import sys
 
 from .. import models, paths
-from ..gguf_header import parse_hub_ref
+from ..models.hub import parse_hub_ref
 
 
 def register(sub) -> None:
@@ -72,7 +72,7 @@ def format_listing(listing: dict) -> str:
     widths = [max(len(r[i]) for r in rows) for i in range(4)]
     lines = ["  ".join(c.ljust(w) for c, w in zip(r[:4], widths)) + "  " + r[4] for r in rows]
     lines.append(f"* default pair. `localspec pull PAIR` fetches a missing pair; pairs come from "
-                 f"{models.PACKAGE_REGISTRY_FILE} and {paths.user_config_file()}")
+                 f"{models.registry.PACKAGE_REGISTRY_FILE} and {paths.user_config_file()}")
     return "\n".join(lines)
 
 
@@ -87,7 +87,7 @@ def cmd_models(args) -> int:
 
 def all_paths() -> dict[str, str]:
     return {**paths.all_paths(), "hf_cache": str(models.hf_cache_dir()),
-            "package_models": str(models.PACKAGE_REGISTRY_FILE)}
+            "package_models": str(models.registry.PACKAGE_REGISTRY_FILE)}
 
 
 def cmd_paths(args) -> int:
@@ -137,7 +137,7 @@ def format_check(result) -> str:
 
 
 def cmd_check(args) -> int:
-    from ..gguf_header import check_pair_files
+    from ..models.check import check_pair_files
 
     result = check_pair_files(args.target, args.draft)
     if args.json:

@@ -7,7 +7,8 @@ import sys
 
 from ..engine import Message
 from ..errors import ConfigError
-from .common import add_gen_args, add_model_args, gen_config, open_engine, prepare_auto, select_models
+from ..session import Session, load_config, open_engine, select_models
+from .common import add_gen_args, add_model_args, gen_choice, model_choice, stderr_note
 
 
 def register(sub) -> None:
@@ -61,13 +62,12 @@ def read_prompt(args) -> str:
 
 def cmd_run(args) -> int:
     prompt_text = read_prompt(args)
-    sel = select_models(args)
-    cfg = gen_config(args, sel)
-    engine = open_engine(args, sel, cfg, tune=False)
+    session = Session.open(model_choice(args), gen_choice(args))
+    engine, cfg, sel = session.engine, session.gen, session.selection
     messages = ([Message("system", args.system)] if args.system else []) + [Message("user", prompt_text)]
     prompt = engine.prompt_tokens(prompt_text if args.raw else messages, raw=args.raw)
     engine.check_prompt(prompt)
-    prepare_auto(engine, cfg, quiet=args.json)
+    session.ensure_profile(None if args.json else stderr_note)
     out = sys.stdout
     pieces = []
     for chunk in engine.generate(prompt, cfg):
@@ -102,10 +102,11 @@ def cmd_verify(args) -> int:
     from ..config import GenConfig
     from ..verify import verify_exactness
 
-    sel = select_models(args)
+    choice = model_choice(args)
+    sel = select_models(choice)
     cfg = GenConfig(temperature=0.0, spec="on", draft_max=args.draft_max, max_tokens=args.max_tokens,
                     drafter=args.drafter or ("model" if sel.draft else "ngram"))
-    engine = open_engine(args, sel, cfg, quiet=True)
+    engine = open_engine(sel, load_config(choice, sel))
     report = verify_exactness(engine, [engine.prompt_tokens(p) for p in VERIFY_PROMPTS], cfg)
     if args.json:
         print(json.dumps(report, indent=2))

@@ -7,7 +7,8 @@ import sys
 
 from ..config import GenConfig
 from ..costmodel import best_k, predicted_speedup
-from .common import add_model_args, load_config, select_models
+from ..session import load_config, open_engine, select_models
+from .common import add_model_args, model_choice
 
 TUNE_PROMPTS = [  # a few short, mixed prompts to compare draft files' acceptance
     "Write a Python function that checks whether a string is a palindrome.",
@@ -29,12 +30,12 @@ def register(sub) -> None:
 
 
 def cmd_tune(args) -> int:
-    from ..engine import Engine
     from ..tuning import load_profile, tune
 
-    sel = select_models(args)
-    load = load_config(args, sel)
-    engine = Engine(sel.target, sel.draft, load)
+    choice = model_choice(args)
+    sel = select_models(choice)
+    load = load_config(choice, sel)
+    engine = open_engine(sel, load)
     if args.show:
         prof = load_profile(engine)
         if prof is None:

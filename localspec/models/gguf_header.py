@@ -17,13 +17,11 @@ from __future__ import annotations
 
 import os
 import struct
-from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, BinaryIO, Iterator
+from typing import Any, BinaryIO
 
-from .compat import VocabInfo, first_mismatch
-from .errors import LocalspecError
+from ..errors import LocalspecError
 
 GGUF_MAGIC = b"GGUF"
 SUPPORTED_VERSIONS = (2, 3)
@@ -190,6 +188,21 @@ def _read_value(r: _ChunkReader, vtype: int, key: str) -> Any:
 def read_header(f: BinaryIO, where: str = "the file") -> GgufHeader:
     """Parse magic, version, counts and every key/value; stop before the tensor descriptions."""
     r = _ChunkReader(f, where)
+    version = _read_preamble(r, where)
+    n_tensors = r.unpack("<Q", 8)
+    n_kv = r.unpack("<Q", 8)
+    if n_kv > MAX_KV_COUNT:
+        raise GgufHeaderError(f"{where} has a corrupt header ({n_kv} keys); download it again")
+    metadata: dict[str, Any] = {}
+    for _ in range(n_kv):
+        key = r.string()
+        vtype = r.unpack("<I", 4)
+        metadata[key] = _read_value(r, vtype, key)
+    return GgufHeader(version, n_tensors, metadata, header_bytes=r.offset, bytes_read=r.bytes_read)
+
+
+def _read_preamble(r: _ChunkReader, where: str) -> int:
+    """Magic and version: what tells a GGUF file from anything else. Returns the version."""
     try:
         magic = r.take(4)
     except GgufHeaderError:
@@ -203,16 +216,26 @@ def read_header(f: BinaryIO, where: str = "the file") -> GgufHeader:
             raise GgufHeaderError(f"{where} is a big-endian GGUF; use the little-endian file")
         raise GgufHeaderError(f"{where} uses GGUF version {version}; only versions 2 and 3 are supported "
                               "(reconvert it with a current llama.cpp)")
-    n_tensors = r.unpack("<Q", 8)
-    n_kv = r.unpack("<Q", 8)
-    if n_kv > MAX_KV_COUNT:
-        raise GgufHeaderError(f"{where} has a corrupt header ({n_kv} keys); download it again")
-    metadata: dict[str, Any] = {}
-    for _ in range(n_kv):
-        key = r.string()
-        vtype = r.unpack("<I", 4)
-        metadata[key] = _read_value(r, vtype, key)
-    return GgufHeader(version, n_tensors, metadata, header_bytes=r.offset, bytes_read=r.bytes_read)
+    return version
+
+
+MIN_MODEL_BYTES = 1024  # a real model is far larger; anything smaller was cut short
+
+
+def check_model_file(path: str | os.PathLike) -> None:
+    """Fail with one actionable line before llama.cpp sees a file it would choke on (it aborts or
+    prints pages of log): missing, a directory, not GGUF, an unsupported version, truncated."""
+    path = Path(path)
+    if path.is_dir():
+        raise GgufHeaderError(f"{path} is a directory; pass the .gguf file inside it")
+    try:
+        with open(path, "rb") as f:
+            _read_preamble(_ChunkReader(f, str(path)), str(path))
+            size = os.fstat(f.fileno()).st_size
+    except FileNotFoundError:
+        raise GgufHeaderError(f"model file not found: {path}") from None
+    if size < MIN_MODEL_BYTES:
+        raise GgufHeaderError(f"{path} is truncated ({size} bytes); download it again")
 
 
 def read_header_file(path: str | os.PathLike) -> GgufHeader:
@@ -245,152 +268,19 @@ def require_language_model(header: GgufHeader, where: str) -> None:
                               "llama.cpp can chat with; pass a model .gguf that embeds its vocabulary")
 
 
-def vocab_info(header: GgufHeader, where: str = "the file") -> VocabInfo:
-    """The fields llama.cpp's compatibility rules look at, with llama.cpp's defaults for absent keys."""
+def vocab_fields(header: GgufHeader, where: str = "the file") -> dict[str, Any]:
+    """The fields llama.cpp's compatibility rules look at (compat.VocabInfo's), with llama.cpp's
+    defaults for absent keys."""
     require_language_model(header, where)
     tokenizer_model = header.get("tokenizer.ggml.model", "llama")
     vocab_type = VOCAB_TYPES.get(tokenizer_model, tokenizer_model)
     default_bos, default_eos = DEFAULT_BOS_EOS.get(vocab_type, (-1, -1))
     tokens = header.get("tokenizer.ggml.tokens")
-    return VocabInfo(
-        vocab_type=vocab_type,
-        n_tokens=len(tokens),
-        bos=int(header.get("tokenizer.ggml.bos_token_id", default_bos)),
-        eos=int(header.get("tokenizer.ggml.eos_token_id", default_eos)),
-        add_bos=bool(header.get("tokenizer.ggml.add_bos_token", vocab_type == "spm")),
-        token_text=tokens,
-    )
-
-
-def vocab_info_from_header(path_or_fileobj: str | os.PathLike | BinaryIO) -> VocabInfo:
-    if hasattr(path_or_fileobj, "read"):
-        where = str(getattr(path_or_fileobj, "name", "the file"))
-        return vocab_info(read_header(path_or_fileobj, where), where)  # type: ignore[arg-type]
-    return vocab_info(read_header_file(path_or_fileobj), str(path_or_fileobj))
-
-
-# ---------------------------------------------------------------- refs: paths, hub files, pair names
-
-
-@dataclass(frozen=True)
-class HubFile:
-    repo: str
-    file: str
-    revision: str | None = None
-
-    def __str__(self) -> str:
-        return f"{self.repo}/{self.file}" + (f"@{self.revision}" if self.revision else "")
-
-
-def parse_hub_ref(ref: str) -> HubFile | None:
-    """`ORG/REPO/path/in/repo.gguf[@REV]` -> HubFile; anything else -> None."""
-    text, _, revision = ref.partition("@")
-    parts = text.split("/")
-    if len(parts) < 3 or not all(parts) or not parts[-1].lower().endswith(".gguf"):
-        return None
-    return HubFile("/".join(parts[:2]), "/".join(parts[2:]), revision or None)
-
-
-def hub_offline() -> bool:
-    """HF_HUB_OFFLINE read now, not when huggingface_hub was imported (tests and users flip it)."""
-    return os.environ.get("HF_HUB_OFFLINE", "").strip().lower() in ("1", "on", "yes", "true")
-
-
-def hub_endpoint() -> str | None:
-    return os.environ.get("HF_ENDPOINT") or None
-
-
-@contextmanager
-def open_hub_file(hub: HubFile) -> Iterator[BinaryIO]:
-    """The file from the local HF cache, else a remote file object whose reads are range requests."""
-    from . import models  # models knows the HF cache; imported here to keep this module light
-
-    cached = models.hf_cached_file(hub.repo, hub.file, hub.revision)
-    if cached is not None:
-        with open(cached, "rb") as f:
-            yield f
-        return
-    if hub_offline():
-        raise LocalspecError(f"{hub} is not in the local Hugging Face cache and HF_HUB_OFFLINE=1 is set; "
-                             "unset HF_HUB_OFFLINE to read its header over the network")
-    from huggingface_hub import HfFileSystem
-
-    fs = HfFileSystem(endpoint=hub_endpoint(), skip_instance_cache=True)
-    path = f"{hub.repo}/{hub.file}"
-    try:
-        # cache_type="none": each read(n) is exactly one range request of n bytes, no read-ahead
-        f = fs.open(path, "rb", revision=hub.revision, block_size=FIRST_READ_BYTES, cache_type="none")
-    except FileNotFoundError:
-        raise LocalspecError(f"{hub} does not exist on the Hugging Face Hub; check the repository and "
-                             "file name (the repo's 'Files' tab lists them)") from None
-    except Exception as e:  # connection refused, DNS, proxy, 401 on gated repos: one line, next step
-        raise LocalspecError(f"could not reach the Hugging Face Hub for {hub} ({type(e).__name__}: {_first_line(e)}); "
-                             "check the network, or log in with `hf auth login` for gated repositories") from None
-    try:
-        yield f
-    finally:
-        f.close()
-
-
-def _first_line(e: BaseException) -> str:
-    text = str(e).strip()
-    return text.splitlines()[0] if text else type(e).__name__
-
-
-@dataclass
-class ModelHeaderSummary:
-    """What `check` shows about one side."""
-    ref: str
-    where: str  # the local path or hub URL that was actually read
-    architecture: str | None
-    name: str | None
-    basename: str | None  # the model family, e.g. "Qwen2.5-Coder"
-    file_type: str | None
-    vocab_type: str
-    n_tokens: int
-    bos: int
-    eos: int
-    add_bos: bool
-    header_bytes: int
-    bytes_read: int
-
-
-@dataclass
-class CheckResult:
-    target: ModelHeaderSummary
-    draft: ModelHeaderSummary | None
-    compatible: bool | None  # None when no draft was given
-    mismatch: str | None
-    suggested_drafts: list[str] = field(default_factory=list)  # pair names from models.yaml
-
-    def to_dict(self) -> dict[str, Any]:
-        from dataclasses import asdict
-
-        return asdict(self)
-
-
-def summarize(ref: str, side: str) -> tuple[ModelHeaderSummary, VocabInfo]:
-    """Read one side's header (a path, ORG/REPO/FILE.gguf, or a pair name) and summarize it."""
-    from . import models
-
-    with models.open_for_header(ref, side) as (f, where):
-        header = read_header(f, where)
-    info = vocab_info(header, where)
-    summary = ModelHeaderSummary(
-        ref=ref, where=where, architecture=header.architecture, name=header.get("general.name"),
-        basename=header.get("general.basename"), file_type=header.file_type_name, vocab_type=info.vocab_type, n_tokens=info.n_tokens, bos=info.bos,
-        eos=info.eos, add_bos=info.add_bos, header_bytes=header.header_bytes, bytes_read=header.bytes_read)
-    return summary, info
-
-
-def check_pair_files(target_ref: str, draft_ref: str | None) -> CheckResult:
-    """Compatibility of a draft with a target from their headers alone (no weights are read)."""
-    from . import models
-
-    target, target_info = summarize(target_ref, "target")
-    suggestions = models.suggest_drafts(target_ref, target)
-    if draft_ref is None:
-        return CheckResult(target, None, None, None, suggestions)
-    draft, draft_info = summarize(draft_ref, "draft")
-    why = first_mismatch(target_info, draft_info)
-    return CheckResult(target, draft, why is None, why, suggestions)
+    return {
+        "vocab_type": vocab_type,
+        "n_tokens": len(tokens),
+        "bos": int(header.get("tokenizer.ggml.bos_token_id", default_bos)),
+        "eos": int(header.get("tokenizer.ggml.eos_token_id", default_eos)),
+        "add_bos": bool(header.get("tokenizer.ggml.add_bos_token", vocab_type == "spm")),
+        "token_text": tokens,
+    }

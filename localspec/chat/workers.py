@@ -1,0 +1,121 @@
+"""The chat's two jobs off the UI thread, as plain functions: load the session, generate a reply.
+
+They talk to the UI only through `post(message)` (messages.py) and never touch a widget, so they
+run the same under Textual's thread workers and in tests. The generate worker writes the reply to
+the history itself (`save`), so a reply in flight is kept even while the UI shuts down.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Callable
+
+from ..errors import ContextFullError, LocalspecError
+from ..session import GenChoice, ModelChoice, Session
+from .messages import (
+    Loaded,
+    LoadFailed,
+    LoadStep,
+    ReplyDelta,
+    ReplyDone,
+    ReplyNote,
+    Turn,
+)
+from .status import Live
+
+STREAM_INTERVAL_S = 1 / 30  # the worker posts confirmed text to the UI at most this often
+SAVE_INTERVAL_S = 0.5  # ... and writes the reply so far to the history this often
+
+Post = Callable[[object], None]
+
+
+def load_session(models: ModelChoice, gen: GenChoice, post: Post) -> Loaded | LoadFailed:
+    """Resolve and load the pair, and make sure --spec auto has its pass costs."""
+    t0 = time.monotonic()
+    session = None
+    try:
+        post(LoadStep("finding the models"))
+
+        def note(text: str) -> None:
+            post(LoadStep(text.rstrip(".")))
+
+        session = _open(models, gen, note)
+        session.ensure_profile(note)
+    except LocalspecError as e:
+        _close_quietly(session)
+        return LoadFailed(str(e))
+    except Exception as e:  # an unexpected failure still ends in the UI, not a traceback
+        _close_quietly(session)
+        return LoadFailed(f"{type(e).__name__}: {e}")
+    return Loaded(session, time.monotonic() - t0)
+
+
+def _open(models: ModelChoice, gen: GenChoice, note) -> Session:
+    from .. import session as s
+
+    sel = s.select_models(models, notify=note)
+    size = sum(Path(p).stat().st_size for p in (sel.target, sel.draft) if p and Path(p).is_file())
+    note(f"loading {sel.describe()} ({size / 1e9:.2f} GB)")
+    return Session.from_selection(sel, models, gen)
+
+
+def _close_quietly(session) -> None:
+    if session is not None:
+        try:
+            session.close()
+        except Exception:
+            pass
+
+
+def generate_reply(session: Session, turn: Turn, messages, cfg, cancel: Callable[[], bool], post: Post,
+                   save: Callable[..., None]) -> None:
+    """Stream one reply: post confirmed text in batches, save it as it grows, post ReplyDone last."""
+    engine = session.engine
+    pieces: list[tuple[str, str]] = []  # not yet posted to the UI
+    runs: list[tuple[str, str]] = []  # every confirmed chunk: (text, source)
+    text_parts: list[str] = []
+    error = stats = live = None
+    ntok = 0
+    try:
+        session.ensure_profile(lambda _: post(ReplyNote()), spec=cfg.spec)
+        prompt = engine.prompt_tokens(messages)
+        t_call = last_post = last_save = time.perf_counter()
+        source = "target"
+        for chunk in engine.generate(prompt, cfg, cancel=cancel):
+            if chunk.token is not None:
+                ntok += 1
+                source = chunk.source or source
+            if chunk.text:
+                pieces.append((chunk.text, source))
+                runs.append((chunk.text, source))
+                text_parts.append(chunk.text)
+            now = time.perf_counter()
+            if pieces and (now - last_post >= STREAM_INTERVAL_S or len(runs) == len(pieces)):
+                st = engine.last_stats
+                live = Live.of(st, now - t_call - st.prompt_eval_s, engine.profile)
+                post(ReplyDelta(turn.view, pieces, live))
+                pieces, last_post = [], now
+            if turn.reply_id is not None and now - last_save >= SAVE_INTERVAL_S:
+                save(turn.reply_id, "".join(text_parts), runs, complete=False)
+                last_save = now
+        stats = engine.last_stats
+    except ContextFullError as e:
+        error = f"{e} (/new starts a fresh conversation)"
+    except LocalspecError as e:
+        error = str(e)
+    except Exception as e:  # a reply that fails mid-way keeps what was confirmed and says why
+        error = f"{type(e).__name__}: {e}"
+    finally:
+        if error is not None and ntok:
+            stats = engine.last_stats
+        if stats is not None:
+            live = Live.of(stats, stats.generation_s, engine.profile)
+        text = "".join(text_parts)
+        if pieces:
+            post(ReplyDelta(turn.view, pieces, live))
+        if turn.reply_id is not None:
+            save(turn.reply_id, text, runs, complete=error is None,
+                 stop_reason=(stats.stop_reason if stats else None) if error is None else "error",
+                 error=error, stats=stats.to_dict() if stats else None)
+        post(ReplyDone(turn, text, stats, live, error))

@@ -1,0 +1,156 @@
+"""One path from a user's choices to a loaded engine.
+
+A user's choices (a pair name or target/draft paths, load settings, generation settings) arrive
+as plain dataclasses (`ModelChoice`, `GenChoice`) from whichever front end took them: the CLI's
+flags, the chat app, the server's defaults. This module turns them into resolved files
+(`Selection`), a `LoadConfig`, a `GenConfig`, a loaded `Engine`, and makes sure the engine has
+the pass-cost profile `--spec auto` needs. It is the one place that measures or reuses that
+profile; it reports what it does through a callback, and prints nothing itself.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+from .config import GenConfig, LoadConfig
+from .errors import ConfigError
+from .models import PairSpec
+
+Notify = Callable[[str], None]
+
+MEASURING_NOTE = "measuring pass costs on this machine for --spec auto (once; `localspec tune` redoes it)..."
+
+
+@dataclass
+class ModelChoice:
+    """Which models, and how to load them (None: the pair's setting, else the default)."""
+    pair: str | None = None
+    target: str | None = None
+    draft: str | None = None
+    pull: bool = False  # download a missing pair instead of stopping
+    ctx_size: int | None = None
+    threads: int | None = None
+    n_gpu_layers: int | None = None
+    mmap: bool = False
+
+
+@dataclass
+class GenChoice:
+    """Generation settings as the user gave them (None: the pair's setting, else GenConfig's)."""
+    temperature: float = GenConfig.temperature
+    top_k: int = GenConfig.top_k
+    top_p: float = GenConfig.top_p
+    min_p: float = GenConfig.min_p
+    seed: int | None = None
+    max_tokens: int = GenConfig.max_tokens
+    stop: list[str] = field(default_factory=list)
+    system: str | None = None
+    spec: str | None = None  # "on" | "off" | "auto" (None: auto)
+    drafter: str | None = None
+    draft_max: int | None = None
+    p_min: float | None = None
+
+
+@dataclass
+class Selection:
+    name: str
+    target: str
+    draft: str | None
+    spec: PairSpec | None  # the named pair's entry; None for explicit --target/--draft files
+
+    def describe(self) -> str:
+        return Path(self.target).name + (f" + draft {Path(self.draft).name}" if self.draft else " (no draft model)")
+
+
+def select_models(choice: ModelChoice, notify: Notify | None = None) -> Selection:
+    """notify(message): where progress notes of slow steps go (default: stderr; the chat app shows them)."""
+    from . import models
+
+    if choice.target and choice.pair:
+        raise ConfigError("give either a pair name or --target/--draft, not both")
+    kw = {"notify": notify} if notify is not None else {}
+    r = models.resolve_pair(pair=choice.pair, target=choice.target, draft=choice.draft, pull=choice.pull, **kw)
+    return Selection(r.name, str(r.target_path), str(r.draft_path) if r.draft_path else None, r.spec)
+
+
+def load_config(choice: ModelChoice, sel: Selection) -> LoadConfig:
+    load = LoadConfig()
+    if sel.spec is not None:
+        s = sel.spec
+        load.n_ctx, load.chat_template, load.rpc_servers = s.n_ctx, s.chat_template, s.rpc_servers
+        load.n_gpu_layers_target, load.n_gpu_layers_draft = s.n_gpu_layers_target, s.n_gpu_layers_draft
+    if choice.ctx_size:
+        load.n_ctx = choice.ctx_size
+    if choice.threads:
+        load.n_threads = load.n_threads_batch = choice.threads
+    if choice.mmap:
+        load.mmap = True
+    if choice.n_gpu_layers is not None:
+        load.n_gpu_layers_target = load.n_gpu_layers_draft = choice.n_gpu_layers
+    return load
+
+
+def gen_config(gen: GenChoice, sel: Selection | None = None) -> GenConfig:
+    cfg = GenConfig(temperature=gen.temperature, top_k=gen.top_k, top_p=gen.top_p, min_p=gen.min_p,
+                    seed=gen.seed, max_tokens=gen.max_tokens, stop=list(gen.stop))
+    if sel is not None and sel.spec is not None:
+        cfg.draft_max, cfg.p_min = sel.spec.draft_max, sel.spec.p_min
+    if gen.draft_max is not None:
+        cfg.draft_max = cfg.ngram_draft_max = gen.draft_max
+    if gen.p_min is not None:
+        cfg.p_min = gen.p_min
+    if gen.drafter:
+        cfg.drafter = gen.drafter
+    cfg.spec = gen.spec or "auto"
+    if cfg.spec == "on" and cfg.draft_max == 0:
+        raise ConfigError("--spec on with -k 0 drafts nothing; use -k 1 or more")
+    return cfg
+
+
+def open_engine(sel: Selection, load: LoadConfig):
+    from .engine import Engine
+
+    return Engine(sel.target, sel.draft, load)
+
+
+def ensure_profile(engine, spec: str = "auto", notify: Notify | None = None, remeasure: bool = False):
+    """Give the engine its measured pass costs. Under --spec auto they are required: reuse the stored
+    profile of this (pair, device, threads) or measure one (saying so through `notify`); with
+    `remeasure` measure again. Otherwise only a stored one is attached (the chat's speedup estimate)."""
+    from .tuning import load_profile, tune
+
+    if remeasure or (spec == "auto" and engine.profile is None):
+        prof = None if remeasure else load_profile(engine)
+        if prof is None:
+            if notify is not None:
+                notify(MEASURING_NOTE)
+            prof = tune(engine)
+        engine.profile = prof
+    elif engine.profile is None:
+        engine.profile = load_profile(engine)
+    return engine.profile
+
+
+class Session:
+    """A user's choice resolved and loaded: `selection`, `load`, `gen` (the GenConfig), `engine`."""
+
+    def __init__(self, selection: Selection, gen: GenConfig, load: LoadConfig, engine, system: str | None = None):
+        self.selection, self.gen, self.load, self.engine, self.system = selection, gen, load, engine, system
+
+    @classmethod
+    def open(cls, models: ModelChoice, gen: GenChoice, notify: Notify | None = None) -> "Session":
+        return cls.from_selection(select_models(models, notify), models, gen)
+
+    @classmethod
+    def from_selection(cls, sel: Selection, models: ModelChoice, gen: GenChoice) -> "Session":
+        cfg = gen_config(gen, sel)  # before loading: a bad setting fails fast
+        load = load_config(models, sel)
+        return cls(sel, cfg, load, open_engine(sel, load), gen.system)
+
+    def ensure_profile(self, notify: Notify | None = None, spec: str | None = None):
+        return ensure_profile(self.engine, spec or self.gen.spec, notify)
+
+    def close(self) -> None:
+        self.engine.close()

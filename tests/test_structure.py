@@ -1,0 +1,105 @@
+"""The package's shape, checked from its source with `ast`: layers import downward only.
+
+- no import cycle among localspec's modules (imports inside functions count too);
+- nothing but cli.py (and the command modules themselves) imports `localspec.commands`;
+- no module over 500 lines, no function over 60.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+PKG = Path(__file__).resolve().parent.parent / "localspec"
+MAX_MODULE_LINES = 500
+MAX_FUNCTION_LINES = 60
+
+
+def module_name(path: Path) -> str:
+    rel = path.relative_to(PKG.parent).with_suffix("")
+    parts = list(rel.parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def modules() -> dict[str, Path]:
+    return {module_name(p): p for p in sorted(PKG.rglob("*.py"))}
+
+
+def imports_of(name: str, path: Path, known: set[str]) -> set[str]:
+    """The localspec modules `name` imports (a `from X import y` names X.y when that is a module)."""
+    is_pkg = path.name == "__init__.py"
+    out: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            out |= {a.name for a in node.names}
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = name.split(".") if is_pkg else name.split(".")[:-1]
+                base = base[:len(base) - (node.level - 1)]
+                mod = ".".join(base + ([node.module] if node.module else []))
+            else:
+                mod = node.module or ""
+            subs = {f"{mod}.{a.name}" for a in node.names} & known
+            out |= subs or {mod}
+    return {m for m in out if m in known and m != name}
+
+
+def graph() -> dict[str, set[str]]:
+    mods = modules()
+    return {n: imports_of(n, p, set(mods)) for n, p in mods.items()}
+
+
+def find_cycle(g: dict[str, set[str]]) -> list[str] | None:
+    state: dict[str, int] = {}
+    stack: list[str] = []
+
+    def visit(n: str) -> list[str] | None:
+        state[n] = 1
+        stack.append(n)
+        for m in sorted(g[n]):
+            if state.get(m) == 1:
+                return stack[stack.index(m):] + [m]
+            if m not in state and (c := visit(m)):
+                return c
+        stack.pop()
+        state[n] = 2
+        return None
+
+    for n in sorted(g):
+        if n not in state and (c := visit(n)):
+            return c
+    return None
+
+
+def test_the_checker_sees_a_cycle():
+    assert find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
+    assert find_cycle({"a": {"b"}, "b": set()}) is None
+    g = graph()
+    assert "localspec.session" in g["localspec.commands.run"]  # the walker does see real imports
+    assert "localspec.models.hub" in g["localspec.models.registry"]
+
+
+def test_no_import_cycle():
+    assert find_cycle(graph()) is None
+
+
+def test_only_the_cli_imports_commands():
+    wrong = [(n, m) for n, deps in graph().items() for m in deps
+             if m.startswith("localspec.commands") and n != "localspec.cli" and not n.startswith("localspec.commands")]
+    assert wrong == []
+
+
+def test_modules_and_functions_stay_small():
+    long_modules, long_functions = [], []
+    for name, path in modules().items():
+        text = path.read_text()
+        if text.count("\n") > MAX_MODULE_LINES:
+            long_modules.append((name, text.count("\n")))
+        for node in ast.walk(ast.parse(text)):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                n = node.end_lineno - node.lineno + 1
+                if n > MAX_FUNCTION_LINES:
+                    long_functions.append((f"{name}.{node.name}", n))
+    assert long_modules == [] and long_functions == []
