@@ -9,10 +9,16 @@ import json
 import sys
 
 import pytest
-
 from conftest import THREADS, invoke
+
 from localspec.bench import workloads as wl
-from localspec.bench.runner import Setting, build_settings, parse_setting, runs_per_prompt, schedule
+from localspec.bench.runner import (
+    Setting,
+    build_settings,
+    parse_setting,
+    runs_per_prompt,
+    schedule,
+)
 from localspec.cli import main
 from localspec.errors import ConfigError
 

@@ -14,13 +14,19 @@ import sqlite3
 import time
 
 import pytest
-
 from conftest import THREADS
+
 from localspec import paths
 from localspec.chat.app import ChatApp
 from localspec.chat.status import DRAFT_STYLE, TARGET_STYLE
-from localspec.chat.widgets import (AssistantMessage, Notice, PromptInput, UserMessage, printable,
-                                    provenance_content)
+from localspec.chat.widgets import (
+    AssistantMessage,
+    Notice,
+    PromptInput,
+    UserMessage,
+    printable,
+    provenance_content,
+)
 from localspec.commands.chat import parse_chat_args
 
 SIZE = (100, 30)

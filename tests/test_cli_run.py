@@ -8,8 +8,8 @@ import subprocess
 import sys
 
 import pytest
-
 from conftest import tiny_pair_args
+
 from localspec.cli import main
 
 

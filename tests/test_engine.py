@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-
 from conftest import THREADS
+
 from localspec.backend import Context
 from localspec.config import GenConfig, LoadConfig
 from localspec.engine import Engine, Message

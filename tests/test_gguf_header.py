@@ -7,11 +7,16 @@ import struct
 
 import pytest
 from hub_helpers import HubEmulator, gguf_kv_end, write_padded_gguf
+from tinygguf import tiny_vocab
 
 from localspec.errors import LocalspecError
 from localspec.models.check import check_pair_files, vocab_info_from_header
-from localspec.models.gguf_header import GgufHeaderError, SkippedArray, read_header, read_header_file
-from tinygguf import tiny_vocab
+from localspec.models.gguf_header import (
+    GgufHeaderError,
+    SkippedArray,
+    read_header,
+    read_header_file,
+)
 
 TOKENS, _, _ = tiny_vocab()
 FIRST_WORD_ID = 5 + 256  # after 5 control tokens and 256 byte tokens: "▁the" (other_vocab: "▁zzthe")

@@ -12,7 +12,13 @@ import textwrap
 import pytest
 
 from localspec import paths
-from localspec.chat.history import HistoryError, HistoryStore, MIGRATIONS, to_json, to_markdown
+from localspec.chat.history import (
+    MIGRATIONS,
+    HistoryError,
+    HistoryStore,
+    to_json,
+    to_markdown,
+)
 
 
 def test_migrations_are_recorded_and_applied_once(tmp_path):

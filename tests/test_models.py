@@ -11,8 +11,14 @@ import textwrap
 from pathlib import Path
 
 import pytest
-from hub_helpers import (COMMIT, HubEmulator, cache_hf_file, make_fake_distributions, sha256_file,
-                         write_padded_gguf)
+from hub_helpers import (
+    COMMIT,
+    HubEmulator,
+    cache_hf_file,
+    make_fake_distributions,
+    sha256_file,
+    write_padded_gguf,
+)
 
 from localspec import models, paths
 from localspec.errors import ConfigError, LocalspecError, ModelLoadError

@@ -10,8 +10,8 @@ import json
 import os
 
 import pytest
-
 from conftest import real_pair_paths
+
 from localspec.cli import main
 
 

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import json
 
-from localspec.backend import Model
 from conftest import THREADS
+
+from localspec.backend import Model
 from localspec.cli import main
 
 
