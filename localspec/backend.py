@@ -124,6 +124,15 @@ class Model:
         """The vocabulary's text for a token, control tokens included ("<|im_end|>")."""
         return (self.L.llama_vocab_get_text(self.vocab, token) or b"").decode("utf-8", "replace")
 
+    def fim_tokens(self) -> dict[str, int]:
+        """The fill-in-the-middle tokens the GGUF declares (pre, suf, mid, pad, rep, sep); absent ones left out."""
+        L, out = self.L, {}
+        for name in ("pre", "suf", "mid", "pad", "rep", "sep"):
+            t = getattr(L, f"llama_vocab_fim_{name}")(self.vocab)
+            if t is not None and t >= 0:
+                out[name] = int(t)
+        return out
+
     def is_eog(self, token: int) -> bool:
         return bool(self._eog[token])
 

@@ -20,6 +20,7 @@ COMMAND_MODULES = [
     "localspec.commands.chat",
     "localspec.commands.bench",
     "localspec.commands.tune",
+    "localspec.commands.serve",
 ]
 
 

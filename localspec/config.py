@@ -30,6 +30,7 @@ class GenConfig:
     drafter: str = "hybrid"  # "model" | "ngram" | "hybrid"
     draft_max: int = 4  # k: the most tokens drafted per round (auto may choose fewer, down to 0)
     ngram_draft_max: int = 8  # n-gram drafts cost nothing to make, so auto may verify longer ones (-k sets both)
+    draft_min: int = 0  # llama-server's speculative.n_min: shorter drafts are not verified (0 = any length)
     p_min: float = 0.0  # stop drafting when the draft model's top probability falls below this
     ngram_min: int = 2  # shortest suffix match the n-gram drafter trusts
     ngram_max: int = 4  # longest suffix it looks up (the match is then extended backwards to measure it)
@@ -37,6 +38,7 @@ class GenConfig:
     # --- stopping ---
     max_tokens: int = 512  # hard cap on generated tokens
     stop: list[str] = field(default_factory=list)  # stop strings; no text past one is ever emitted
+    stop_tokens: frozenset[int] = frozenset()  # token ids that end generation besides the model's EOG set (FIM)
 
     def with_(self, **kw) -> "GenConfig":
         return replace(self, **kw)

@@ -79,11 +79,18 @@ class NgramDrafter:
 
     MATCH_CAP = 32  # how far back a match is measured (its length says how trustworthy it is)
 
+    MEMORY_TOKENS = 32768  # earlier sequences remembered across generations (most recent kept)
+
     def __init__(self, n_min: int = 2, n_max: int = 4, k_max: int = 8):
         self.n_min, self.n_max, self.k_max = n_min, n_max, k_max
         self.index: dict[tuple[int, ...], int] = {}  # n-gram -> position right after its latest occurrence
         self.seq: list[int] = []  # the sequence the index describes (a reference to the engine's list)
         self.indexed = 0  # n-grams ending at positions < indexed are in the index
+        # memory of earlier generations (a server's earlier requests and answers): consulted only when
+        # the current text has no match, so a repeated or templated request drafts from past answers
+        self.memory: list[list[int]] = []
+        self.memory_index: dict[tuple[int, ...], tuple[int, int]] = {}  # n-gram -> (sequence id, position)
+        self.memory_base = 0  # id of memory[0] (ids keep growing as old sequences are dropped)
 
     def begin(self, seq: list[int]) -> None:
         if common_prefix(self.seq, seq) < self.indexed:  # a different conversation: rebuild
@@ -100,26 +107,51 @@ class NgramDrafter:
         self.indexed = max(self.indexed, len(seq))
 
     def lookup(self, seq: list[int], k: int) -> tuple[list[int], int]:
-        """(continuation of the longest matching suffix, match length); ([], 0) when none."""
+        """(continuation of the longest matching suffix, match length); ([], 0) when none.
+        The current text first; failing that, the memory of earlier generations."""
         if self.seq is not seq:
             self.begin(seq)
         self._update(seq)  # the suffix itself is never in the index, so a match is earlier text
         for n in range(min(self.n_max, len(seq) - 1), self.n_min - 1, -1):
-            pos = self.index.get(tuple(seq[-n:]))
+            key = tuple(seq[-n:])
+            pos = self.index.get(key)
             if pos is not None:
-                # extend the match backwards: a suffix that repeats 20 tokens of earlier text
-                # (copying a function) is a far better bet than a coincidental bigram
-                end = len(seq)
-                while n < self.MATCH_CAP and pos - n - 1 >= 0 and seq[pos - n - 1] == seq[end - n - 1]:
-                    n += 1
-                return seq[pos:pos + k], n
+                return seq[pos:pos + k], _extend_match(seq, pos, seq, n, self.MATCH_CAP)
+            hit = self.memory_index.get(key)
+            if hit is not None:
+                past = self.memory[hit[0] - self.memory_base]
+                return past[hit[1]:hit[1] + k], _extend_match(past, hit[1], seq, n, self.MATCH_CAP)
         return [], 0
+
+    def remember(self, seq: list[int]) -> None:
+        """Keep a finished generation's whole text (prompt and answer) for later lookups."""
+        if len(seq) < self.n_min + 1:
+            return
+        seq_id = self.memory_base + len(self.memory)
+        self.memory.append(list(seq))
+        for end in range(self.n_min, len(seq)):
+            for n in range(self.n_min, min(self.n_max, end) + 1):
+                self.memory_index[tuple(seq[end - n:end])] = (seq_id, end)
+        while sum(map(len, self.memory)) > self.MEMORY_TOKENS and len(self.memory) > 1:
+            self.memory.pop(0)
+            self.memory_base += 1
+            self.memory_index = {g: h for g, h in self.memory_index.items() if h[0] >= self.memory_base}
 
     def propose(self, seq: list[int], room: int, policy) -> Draft:
         found, n = self.lookup(seq, min(self.k_max, room))
         k = policy.k_for(self.name, len(found), n) if found else 0
         return Draft(tokens=found[:k], probs=[None] * k, source=self.name, match_len=n,
                      shadow=found if found and not k else None)
+
+
+def _extend_match(src: list[int], pos: int, seq: list[int], n: int, cap: int) -> int:
+    """How far the match of seq's last n tokens with src[pos - n:pos] reaches back (up to cap): a
+    suffix that repeats 20 tokens of earlier text (copying a function) is a far better bet than a
+    coincidental bigram."""
+    end = len(seq)
+    while n < cap and pos - n - 1 >= 0 and end - n - 1 >= 0 and src[pos - n - 1] == seq[end - n - 1]:
+        n += 1
+    return n
 
 
 class HybridDrafter:
@@ -144,3 +176,23 @@ class HybridDrafter:
             m.shadow = d.shadow
             return m
         return d
+
+
+class DraftFloor:
+    """llama-server's `speculative.n_min`: a draft shorter than n_min is not worth a verification
+    pass, so the round decodes plainly instead (an n-gram proposal is kept as the policy's shadow)."""
+
+    def __init__(self, inner, n_min: int):
+        self.inner, self.n_min = inner, n_min
+        self.name = inner.name
+
+    def begin(self, seq: list[int]) -> None:
+        self.inner.begin(seq)
+
+    def propose(self, seq: list[int], room: int, policy) -> Draft:
+        d = self.inner.propose(seq, room, policy)
+        if 0 < len(d.tokens) < self.n_min:
+            shadow = d.tokens if d.source == "ngram" else d.shadow
+            return Draft(source=d.source, match_len=d.match_len, shadow=shadow)
+        return d
+

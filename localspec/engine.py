@@ -18,7 +18,7 @@ from .backend import Context, Model
 from .chat_format import render_prompt
 from .compat import require_compatible
 from .config import GenConfig, LoadConfig
-from .drafters import Draft, DraftModel, HybridDrafter, NgramDrafter
+from .drafters import Draft, DraftFloor, DraftModel, HybridDrafter, NgramDrafter
 from .errors import ConfigError, ContextFullError
 from .policy import FixedK, make_policy
 from .sampling import accept_greedy, accept_token, logits_to_probs, residual, sample
@@ -102,6 +102,9 @@ class Engine:
             self.draft_ctx = Context(self.draft_model, load.n_ctx, load.n_batch, load.n_threads, load.n_threads_batch)
         self.profile = profile  # measured pass costs (costmodel.CostProfile) for --spec auto
         self.ngram = NgramDrafter()
+        # a server's n-gram drafter also looks in its earlier requests and answers; off for one-shot
+        # runs and for the bench, whose A/B runs repeat each prompt and must not draft from each other
+        self.remember_generations = False
         self.last_stats: Stats | None = None
 
     # --- prompts ----------------------------------------------------------------------------
@@ -135,12 +138,14 @@ class Engine:
         if cfg.drafter == "model":
             if model is None:
                 raise ConfigError("--drafter model needs a draft model; pass --draft PATH or use --drafter ngram")
-            return model
-        if cfg.drafter == "ngram":
-            return self.ngram
-        if cfg.drafter == "hybrid":
-            return HybridDrafter(self.ngram, model)
-        raise ConfigError(f"unknown drafter {cfg.drafter!r}; use model, ngram or hybrid")
+            drafter = model
+        elif cfg.drafter == "ngram":
+            drafter = self.ngram
+        elif cfg.drafter == "hybrid":
+            drafter = HybridDrafter(self.ngram, model)
+        else:
+            raise ConfigError(f"unknown drafter {cfg.drafter!r}; use model, ngram or hybrid")
+        return DraftFloor(drafter, cfg.draft_min) if cfg.draft_min > 1 else drafter
 
     def generate(self, prompt: list[int], cfg: GenConfig,
                  cancel: Callable[[], bool] | None = None) -> Iterator[Chunk]:
@@ -166,7 +171,7 @@ class Engine:
         t_gen = time.perf_counter()
         try:
             for tok, src in loop:
-                if m.is_eog(tok):
+                if m.is_eog(tok) or tok in cfg.stop_tokens:
                     stats.stop_reason = "eos"
                     break
                 stats.add_token(src)
@@ -185,12 +190,24 @@ class Engine:
             stats.stop_reason = "context"
         finally:
             loop.close()
+            if self.remember_generations:  # later requests may repeat this text: let n-gram drafts find it
+                self.ngram.remember(seq)
             stats.generation_s = time.perf_counter() - t_gen
             stats.decode_s = tgt.decode_s + (self.draft_ctx.decode_s if self.draft_ctx else 0.0) - decode_before
             stats.policy = policy.describe()
         tail = text.flush()
         if tail:
             yield Chunk(tail)
+
+    def prefill(self, prompt: list[int]) -> Stats:
+        """Evaluate a prompt into the target's cache without generating (a client warming the cache
+        for its next request, llama-server's n_predict 0)."""
+        self.check_prompt(prompt)
+        stats = self.last_stats = Stats(prompt_tokens=len(prompt), spec_mode="off", stop_reason="length")
+        t0 = time.perf_counter()
+        stats.prompt_eval_tokens = self.target.sync(prompt[:-1])
+        stats.prompt_eval_s = time.perf_counter() - t0
+        return stats
 
     def complete(self, prompt: list[int], cfg: GenConfig) -> tuple[str, Stats]:
         text = "".join(c.text for c in self.generate(prompt, cfg))

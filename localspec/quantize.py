@@ -14,8 +14,8 @@ from pathlib import Path
 
 from . import paths
 from .backend import llama
-from .models.gguf_header import check_model_file
 from .errors import LocalspecError
+from .models.gguf_header import check_model_file
 
 LLAMA_FTYPE_MOSTLY_Q4_0 = 2
 

@@ -33,6 +33,8 @@ class TinyModels:
     bad: Path  # a different random model with the same vocab: low acceptance
     no_template: Path  # the target without a chat template in its GGUF
     other_vocab: Path  # same architecture, a vocabulary with different token text
+    fim_target: Path  # the target's architecture with Qwen's FIM tokens in its vocabulary
+    fim_draft: Path  # a perturbed draft for it
 
 
 @pytest.fixture(scope="session")
@@ -46,8 +48,10 @@ def tiny(tmp_path_factory) -> TinyModels:
     build_tiny_model(d / "bad.gguf", seed=7)
     build_tiny_model(d / "no-template.gguf", seed=0, chat_template=None)
     _build_other_vocab(d / "other-vocab.gguf")
+    build_tiny_model(d / "fim-target.gguf", seed=0, fim=True)
+    build_tiny_model(d / "fim-draft.gguf", seed=0, perturb=0.1, fim=True)
     return TinyModels(d, d / "target.gguf", d / "same.gguf", d / "perturbed.gguf", d / "bad.gguf",
-                      d / "no-template.gguf", d / "other-vocab.gguf")
+                      d / "no-template.gguf", d / "other-vocab.gguf", d / "fim-target.gguf", d / "fim-draft.gguf")
 
 
 def _build_other_vocab(path: Path) -> None:

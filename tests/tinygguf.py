@@ -37,8 +37,13 @@ WORDS = [
 ]
 
 
-def tiny_vocab() -> tuple[list[str], list[float], list[int]]:
-    """(tokens, scores, types). ids 0..2 are <unk>, <s>, </s>; chatml markers are control tokens."""
+FIM_TOKENS = {"pre": "<|fim_prefix|>", "suf": "<|fim_suffix|>", "mid": "<|fim_middle|>", "pad": "<|fim_pad|>",
+              "rep": "<|repo_name|>", "sep": "<|file_sep|>"}  # Qwen2.5-Coder's
+
+
+def tiny_vocab(fim: bool = False) -> tuple[list[str], list[float], list[int]]:
+    """(tokens, scores, types). ids 0..2 are <unk>, <s>, </s>; chatml markers are control tokens;
+    with fim, Qwen's six FIM tokens follow (control tokens too), so every other id stays the same."""
     tokens = ["<unk>", "<s>", "</s>", "<|im_start|>", "<|im_end|>"]
     types = [2, 3, 3, 3, 3]  # UNKNOWN, CONTROL...
     scores = [0.0] * len(tokens)
@@ -51,15 +56,19 @@ def tiny_vocab() -> tuple[list[str], list[float], list[int]]:
         tokens.append(p)
         types.append(1)  # NORMAL
         scores.append(-float(i))  # earlier pieces merge first
+    if fim:
+        tokens += list(FIM_TOKENS.values())
+        types += [3] * len(FIM_TOKENS)
+        scores += [0.0] * len(FIM_TOKENS)
     return tokens, scores, types
 
 
 def build_tiny_model(path: str | Path, seed: int = 0, perturb: float = 0.0, perturb_seed: int = 1,
-                     chat_template: str | None = CHATML, out_scale: float = 4.0) -> Path:
+                     chat_template: str | None = CHATML, out_scale: float = 4.0, fim: bool = False) -> Path:
     import gguf
 
     path = Path(path)
-    tokens, scores, types = tiny_vocab()
+    tokens, scores, types = tiny_vocab(fim)
     n_vocab = len(tokens)
     rng = np.random.default_rng(seed)
     noise = np.random.default_rng(perturb_seed)
@@ -93,6 +102,9 @@ def build_tiny_model(path: str | Path, seed: int = 0, perturb: float = 0.0, pert
     writer.add_add_eos_token(False)
     if chat_template:
         writer.add_chat_template(chat_template)
+    if fim:
+        for key, text in FIM_TOKENS.items():
+            writer.add_uint32(f"tokenizer.ggml.fim_{key}_token_id", tokens.index(text))
 
     writer.add_tensor("token_embd.weight", w(n_vocab, N_EMBD, scale=1.0))
     for i in range(N_LAYER):

@@ -6,8 +6,8 @@ import json
 import sys
 
 from ..engine import Message
-from ..errors import ConfigError
-from ..session import Session, load_config, open_engine, select_models
+from ..errors import ConfigError, LocalspecError
+from ..session import Session, gen_config, load_config, open_engine, select_models
 from .common import add_gen_args, add_model_args, gen_choice, model_choice, stderr_note
 
 
@@ -19,6 +19,8 @@ def register(sub) -> None:
     p.add_argument("--raw", action="store_true", help="send the text as-is, without the model's chat template")
     p.add_argument("--stats", action="store_true", help="print a speculation summary to stderr")
     p.add_argument("--json", action="store_true", help='print {"text", "tokens", "stats"} as one JSON object')
+    p.add_argument("--local", action="store_true",
+                   help="load the models here even when a `localspec serve` with this pair is running")
     p.set_defaults(func=cmd_run)
 
     v = sub.add_parser("verify", help="check that speculative greedy output matches plain greedy output")
@@ -62,33 +64,78 @@ def read_prompt(args) -> str:
 
 def cmd_run(args) -> int:
     prompt_text = read_prompt(args)
+    messages = ([("system", args.system)] if args.system else []) + [("user", prompt_text)]
+    if not args.local:
+        code = run_on_server(args, prompt_text, messages)
+        if code is not None:
+            return code
     session = Session.open(model_choice(args), gen_choice(args))
     engine, cfg, sel = session.engine, session.gen, session.selection
-    messages = ([Message("system", args.system)] if args.system else []) + [Message("user", prompt_text)]
-    prompt = engine.prompt_tokens(prompt_text if args.raw else messages, raw=args.raw)
+    prompt = engine.prompt_tokens(prompt_text if args.raw else [Message(r, c) for r, c in messages], raw=args.raw)
     engine.check_prompt(prompt)
     session.ensure_profile(None if args.json else stderr_note)
-    out = sys.stdout
-    pieces = []
+    out = _Output(args)
     for chunk in engine.generate(prompt, cfg):
-        if args.json:
-            pieces.append(chunk.text)
-        elif chunk.text:
-            out.write(chunk.text)
-            out.flush()
-    stats = engine.last_stats
-    if args.json:
-        text = "".join(pieces)
-        out.write(json.dumps({"text": text, "tokens": stats.tokens, "pair": sel.name,
-                              "stats": stats.to_dict()}, ensure_ascii=False) + "\n")
-    else:
-        out.write("\n")
-    if stats.stop_reason == "context":
-        sys.stderr.write(f"note: the context filled up after {stats.tokens} tokens; raise --ctx-size for longer answers\n")
-    if args.stats:
-        for line in stats.summary_lines():
-            sys.stderr.write(line + "\n")
-    return 0
+        out.write(chunk.text)
+    return out.finish(engine.last_stats, sel.name)
+
+
+def _load_flags(args) -> dict:
+    """Load settings the user gave; a server loaded with other ones is not used."""
+    given = {"ctx_size": args.ctx_size, "threads": args.threads, "n_gpu_layers": args.n_gpu_layers,
+             "mmap": True if args.mmap else None}
+    return {k: v for k, v in given.items() if v is not None}
+
+
+def run_on_server(args, prompt_text: str, messages) -> int | None:
+    """Answer through a running `localspec serve` holding the same pair; None: no such server."""
+    from ..server import client
+
+    ep = client.configured_endpoint()
+    props = client.probe(ep)
+    if props is None:
+        return None
+    sel = select_models(model_choice(args))
+    if not client.same_pair(props, sel.target, sel.draft, _load_flags(args)):
+        return None
+    cfg = gen_config(gen_choice(args), sel)
+    path, body = client.request_body(prompt_text if args.raw else messages, cfg, args.raw)
+    out = _Output(args)
+    try:
+        stats = client.stream_run(ep, path, body, out.write)
+    except client.ServerFailed as e:
+        raise LocalspecError(f"{e} (answered by the server at {ep.host}:{ep.port})")
+    except (OSError, ValueError) as e:
+        raise LocalspecError(f"the server at {ep.host}:{ep.port} stopped answering ({e}); rerun with --local")
+    return out.finish(stats, sel.name)
+
+
+class _Output:
+    """Streamed text on stdout, or one JSON object at the end; the same for both paths."""
+
+    def __init__(self, args):
+        self.args, self.pieces = args, []
+
+    def write(self, text: str) -> None:
+        if self.args.json:
+            self.pieces.append(text)
+        elif text:
+            sys.stdout.write(text)
+            sys.stdout.flush()
+
+    def finish(self, stats, pair: str) -> int:
+        out = sys.stdout
+        if self.args.json:
+            out.write(json.dumps({"text": "".join(self.pieces), "tokens": stats.tokens, "pair": pair,
+                                  "stats": stats.to_dict()}, ensure_ascii=False) + "\n")
+        else:
+            out.write("\n")
+        if stats.stop_reason == "context":
+            sys.stderr.write(f"note: the context filled up after {stats.tokens} tokens; raise --ctx-size for longer answers\n")
+        if self.args.stats:
+            for line in stats.summary_lines():
+                sys.stderr.write(line + "\n")
+        return 0
 
 
 VERIFY_PROMPTS = [

@@ -1,0 +1,51 @@
+"""`localspec serve`: keep the pair loaded behind an OpenAI- and llama.cpp-compatible HTTP API."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+from .common import (
+    add_gen_args,
+    add_model_args,
+    gen_choice,
+    model_choice,
+    pos_int,
+    stderr_note,
+)
+
+
+def register(sub) -> None:
+    from ..server.runner import DEFAULT_PORT
+
+    p = sub.add_parser(
+        "serve", help="serve the pair over HTTP (OpenAI /v1, llama-server's /completion and /infill)",
+        description="Loads the pair once and answers OpenAI clients (/v1/chat/completions, /v1/completions, "
+                    "/v1/models), llama.cpp clients (/completion, /infill for llama.vim and llama.vscode, /tokenize, "
+                    "/detokenize, /props, /health, /metrics). One generation runs at a time; others wait in order. "
+                    "Generation flags set the server's defaults; each request may override them.",
+        epilog="examples:\n  localspec serve\n  localspec serve --port 8080 --api-key secret\n"
+               "  OPENAI_BASE_URL=http://127.0.0.1:8012/v1 OPENAI_API_KEY=none python my_script.py",
+        formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_model_args(p, positional_pair=True)
+    add_gen_args(p)
+    g = p.add_argument_group("server")
+    g.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1; any other needs --api-key)")
+    g.add_argument("--port", type=pos_int, default=DEFAULT_PORT, help=f"(default {DEFAULT_PORT}, llama.vim's and llama.vscode's)")
+    g.add_argument("--api-key", default=os.environ.get("LOCALSPEC_API_KEY"), metavar="KEY",
+                   help="require `Authorization: Bearer KEY` (default: $LOCALSPEC_API_KEY, else none)")
+    g.add_argument("--log-requests", action="store_true", help="print one line per request")
+    p.set_defaults(func=cmd_serve, max_tokens=-1)  # like llama-server: no token limit unless asked
+
+
+def cmd_serve(args) -> int:
+    from ..server.runner import serve
+
+    def on_listen(url: str) -> None:
+        sys.stdout.write(f"localspec serve: listening on {url} (OpenAI base URL {url}/v1); loading the models, "
+                         "Ctrl-C stops\n")
+        sys.stdout.flush()
+
+    return serve(model_choice(args), gen_choice(args), args.host, args.port, args.api_key, stderr_note,
+                 on_listen, args.log_requests)

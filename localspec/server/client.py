@@ -1,0 +1,147 @@
+"""`localspec run` as a client of a running `localspec serve`: the pair is already loaded, so a
+one-shot prompt costs only the model's own time.
+
+The probe gives up within ~100 ms (a refused loopback connection answers at once). Only a server
+holding the same target and draft files is used; the request spells out every generation setting,
+so the answer is the one the in-process run would give (up to greedy near-ties: the server's
+caches and n-gram memory change which passes are batched; see README, "Exactness, honestly"). Stdlib only (http.client): no import cost.
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import os
+import socket
+import time
+from dataclasses import dataclass, fields
+from pathlib import Path
+from urllib.parse import urlsplit
+
+from ..stats import Stats
+
+PROBE_TIMEOUT_S = 0.1
+STAT_FIELDS = {f.name for f in fields(Stats)}
+
+
+@dataclass
+class Endpoint:
+    host: str
+    port: int
+    api_key: str | None = None
+
+    def connection(self, timeout: float | None) -> http.client.HTTPConnection:
+        return http.client.HTTPConnection(self.host, self.port, timeout=timeout)
+
+    def headers(self) -> dict:
+        h = {"Content-Type": "application/json"}
+        if self.api_key:
+            h["Authorization"] = f"Bearer {self.api_key}"
+        return h
+
+
+def configured_endpoint() -> Endpoint:
+    """LOCALSPEC_SERVER (a URL or host:port), else the default port on loopback."""
+    from .runner import DEFAULT_PORT
+
+    raw = os.environ.get("LOCALSPEC_SERVER", "").strip()
+    key = os.environ.get("LOCALSPEC_API_KEY") or None
+    if not raw:
+        return Endpoint("127.0.0.1", DEFAULT_PORT, key)
+    parts = urlsplit(raw if "//" in raw else f"http://{raw}")
+    return Endpoint(parts.hostname or "127.0.0.1", parts.port or DEFAULT_PORT, key)
+
+
+def probe(ep: Endpoint, budget_s: float = PROBE_TIMEOUT_S) -> dict | None:
+    """The server's /props when a localspec server answers in time, else None (never raises)."""
+    t_end = time.monotonic() + budget_s
+    try:
+        conn = ep.connection(budget_s)
+        conn.request("GET", "/props", headers=ep.headers())
+        conn.sock.settimeout(max(0.01, t_end - time.monotonic()))
+        resp = conn.getresponse()
+        body = resp.read()
+        conn.close()
+    except (OSError, http.client.HTTPException, socket.timeout, ValueError):
+        return None
+    if resp.status != 200:
+        return None
+    try:
+        props = json.loads(body)
+    except ValueError:
+        return None
+    return props if isinstance(props, dict) and isinstance(props.get("localspec"), dict) else None
+
+
+def same_pair(props: dict, target: str, draft: str | None, load: dict | None = None) -> bool:
+    """The server holds these files, loaded with every setting the user gave (load: flag -> value)."""
+    def real(p):
+        return os.path.realpath(p) if p else None
+    info = props["localspec"]
+    if real(info.get("target")) != real(target) or real(info.get("draft")) != real(draft):
+        return False
+    held = info.get("load") or {}
+    return all(held.get(k) == v for k, v in (load or {}).items())
+
+
+def request_body(messages: list[tuple[str, str]] | str, cfg, raw: bool) -> tuple[str, dict]:
+    """(path, body) with every setting of the in-process run spelled out."""
+    body = {"temperature": cfg.temperature, "top_k": cfg.top_k, "top_p": cfg.top_p, "min_p": cfg.min_p,
+            "seed": -1 if cfg.seed is None else cfg.seed, "stop": list(cfg.stop), "stream": True,
+            "spec": cfg.spec, "drafter": cfg.drafter,
+            "speculative": {"n_max": cfg.draft_max, "n_min": cfg.draft_min, "p_min": cfg.p_min}}
+    if raw:
+        body.update(prompt=messages, n_predict=cfg.max_tokens, parse_special=False)
+        return "/completion", body
+    body.update(messages=[{"role": r, "content": c} for r, c in messages], max_tokens=cfg.max_tokens)
+    return "/v1/chat/completions", body
+
+
+class ServerFailed(Exception):
+    pass
+
+
+def stream_run(ep: Endpoint, path: str, body: dict, on_text) -> Stats:
+    """POST, call on_text(piece) for each confirmed piece, return the run's Stats."""
+    conn = ep.connection(None)
+    try:
+        conn.request("POST", path, body=json.dumps(body).encode(), headers=ep.headers())
+        resp = conn.getresponse()
+        if resp.status != 200:
+            raise ServerFailed(_error_message(resp.read()))
+        stats = None
+        for line in resp:
+            line = line.strip()
+            if not line.startswith(b"data: ") or line == b"data: [DONE]":
+                continue
+            event = json.loads(line[6:])
+            if "error" in event:
+                raise ServerFailed(event["error"].get("message", "the server failed"))
+            text = _event_text(event)
+            if text:
+                on_text(text)
+            if "localspec" in event and "stats" in event["localspec"]:
+                stats = event["localspec"]["stats"]
+        if stats is None:
+            raise ServerFailed("the server's answer ended without its figures")
+        return Stats(**{k: v for k, v in stats.items() if k in STAT_FIELDS})
+    finally:
+        conn.close()
+
+
+def _event_text(event: dict) -> str:
+    if "choices" in event:
+        choices = event["choices"]
+        return (choices[0].get("delta") or {}).get("content") or "" if choices else ""
+    return event.get("content", "") if not event.get("stop") else ""
+
+
+def _error_message(raw: bytes) -> str:
+    try:
+        return json.loads(raw)["error"]["message"]
+    except (ValueError, KeyError, TypeError):
+        return raw.decode("utf-8", "replace")[:200]
+
+
+def server_label(props: dict) -> str:
+    return f"{props.get('model_alias', '?')} ({Path(props['localspec'].get('target') or '?').name})"

@@ -1,0 +1,75 @@
+"""Counters for `GET /metrics`, in Prometheus text with llama-server's metric names, plus localspec's
+own (drafted and accepted tokens by drafter, target passes)."""
+
+from __future__ import annotations
+
+import threading
+
+
+class Metrics:
+    def __init__(self):
+        self.lock = threading.Lock()
+        self.requests = 0
+        self.prompt_tokens = 0  # evaluated (not served from the cache)
+        self.prompt_cached = 0
+        self.prompt_s = 0.0
+        self.predicted = 0
+        self.predicted_s = 0.0
+        self.decode_calls = 0
+        self.drafted = 0
+        self.accepted = 0
+        self.draft_rounds = 0
+        self.by_drafter: dict[str, list[int]] = {}  # drafter -> [drafted, accepted]
+        self.n_tokens_max = 0
+        self.processing = 0
+        self.deferred = 0
+
+    def add(self, st) -> None:
+        with self.lock:
+            self.requests += 1
+            self.prompt_tokens += st.prompt_eval_tokens
+            self.prompt_cached += st.prompt_tokens - st.prompt_eval_tokens
+            self.prompt_s += st.prompt_eval_s
+            self.predicted += st.tokens
+            self.predicted_s += st.generation_s
+            self.decode_calls += st.target_passes
+            self.drafted += st.drafted
+            self.accepted += st.accepted
+            self.draft_rounds += st.draft_rounds
+            for d, n in st.drafted_by_drafter.items():
+                row = self.by_drafter.setdefault(d, [0, 0])
+                row[0] += n
+                row[1] += st.accepted_by_drafter.get(d, 0)
+            self.n_tokens_max = max(self.n_tokens_max, st.prompt_tokens + st.tokens)
+
+    def prometheus(self) -> str:
+        with self.lock:
+            rows = [
+                ("llamacpp:prompt_tokens_total", "counter", "Number of prompt tokens processed.", self.prompt_tokens),
+                ("llamacpp:prompt_seconds_total", "counter", "Prompt process time", round(self.prompt_s, 6)),
+                ("llamacpp:tokens_predicted_total", "counter", "Number of generation tokens processed.", self.predicted),
+                ("llamacpp:tokens_predicted_seconds_total", "counter", "Predict process time", round(self.predicted_s, 6)),
+                ("llamacpp:n_decode_total", "counter", "Total number of llama_decode() calls of the target", self.decode_calls),
+                ("llamacpp:prompt_tokens_seconds", "gauge", "Average prompt throughput in tokens/s.",
+                 round(self.prompt_tokens / self.prompt_s, 3) if self.prompt_s else 0),
+                ("llamacpp:predicted_tokens_seconds", "gauge", "Average generation throughput in tokens/s.",
+                 round(self.predicted / self.predicted_s, 3) if self.predicted_s else 0),
+                ("llamacpp:requests_processing", "gauge", "Number of requests processing.", self.processing),
+                ("llamacpp:requests_deferred", "gauge", "Number of requests deferred.", max(0, self.deferred)),
+                ("llamacpp:n_tokens_max", "counter", "Largest observed n_tokens.", self.n_tokens_max),
+                ("llamacpp:spec_decode_num_draft_tokens_total", "counter", "Total draft tokens generated.", self.drafted),
+                ("llamacpp:spec_decode_num_accepted_tokens_total", "counter", "Total draft tokens accepted.", self.accepted),
+                ("llamacpp:spec_decode_num_drafts_total", "counter", "Total speculative verification steps.",
+                 self.draft_rounds),
+                ("localspec:requests_total", "counter", "Generation requests served.", self.requests),
+                ("localspec:prompt_tokens_cached_total", "counter", "Prompt tokens reused from the cache.",
+                 self.prompt_cached),
+            ]
+            lines = []
+            for name, kind, help_, value in rows:
+                lines += [f"# HELP {name} {help_}", f"# TYPE {name} {kind}", f"{name} {value}"]
+            for metric, col, help_ in (("localspec:draft_tokens_total", 0, "Draft tokens proposed, by drafter."),
+                                       ("localspec:draft_tokens_accepted_total", 1, "Draft tokens accepted, by drafter.")):
+                lines += [f"# HELP {metric} {help_}", f"# TYPE {metric} counter"]
+                lines += [f'{metric}{{drafter="{d}"}} {v[col]}' for d, v in sorted(self.by_drafter.items())]
+        return "\n".join(lines) + "\n"

@@ -1,0 +1,261 @@
+"""Request bodies in, settings out: llama-server's and OpenAI's fields, validated one by one.
+
+Fields a client sends that we do not know are ignored (never a 422); a known field of the wrong type
+is a 400 in the OpenAI error shape that names the field. Every generation setting starts from the
+server's defaults (`localspec serve` flags, the pair's settings) and is overridden per request.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from ..config import GenConfig
+
+SPEC_MODES = ("on", "off", "auto")
+DRAFTERS = ("model", "ngram", "hybrid")
+
+
+class ApiError(Exception):
+    """An error answered in the OpenAI shape {"error": {"code", "message", "type"}} (llama-server's types)."""
+
+    TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
+             404: "not_found_error", 500: "server_error", 501: "not_supported_error", 503: "unavailable_error"}
+
+    def __init__(self, status: int, message: str, type_: str | None = None, **extra: Any):
+        super().__init__(message)
+        self.status, self.message = status, message
+        self.type = type_ or self.TYPES.get(status, "server_error")
+        self.extra = extra
+
+    def body(self) -> dict:
+        return {"error": {"code": self.status, "message": self.message, "type": self.type, **self.extra}}
+
+
+def parse_json(raw: bytes) -> dict:
+    try:
+        body = json.loads(raw.decode("utf-8")) if raw.strip() else None
+    except UnicodeDecodeError:
+        raise ApiError(400, "the request body is not UTF-8; send JSON text")
+    except ValueError as e:
+        raise ApiError(400, f"the request body is not valid JSON ({e})")
+    if not isinstance(body, dict):
+        raise ApiError(400, "the request body must be a JSON object")
+    return body
+
+
+# --- one field at a time ------------------------------------------------------------------------
+_MISSING = object()
+
+
+def _get(body: dict, key: str, kind, what: str, default=None):
+    v = body.get(key, _MISSING)
+    if v is _MISSING or v is None:
+        return default
+    ok = isinstance(v, kind) and not (isinstance(v, bool) and kind is not bool)
+    if kind is float and isinstance(v, int) and not isinstance(v, bool):
+        v, ok = float(v), True
+    if not ok or (isinstance(v, float) and not math.isfinite(v)):
+        raise ApiError(400, f'"{key}" must be {what}')
+    return v
+
+
+def number(body: dict, key: str, lo: float | None = None, hi: float | None = None, default=None) -> float | None:
+    v = _get(body, key, float, "a number", default)
+    if v is not None and ((lo is not None and v < lo) or (hi is not None and v > hi)):
+        rng = f"between {lo:g} and {hi:g}" if lo is not None and hi is not None else f"at least {lo:g}"
+        raise ApiError(400, f'"{key}" must be {rng}')
+    return v
+
+
+def integer(body: dict, key: str, lo: int | None = None, default=None) -> int | None:
+    v = _get(body, key, int, "a whole number", default)
+    if v is not None and lo is not None and v < lo:
+        raise ApiError(400, f'"{key}" must be {lo} or more')
+    return v
+
+
+def string(body: dict, key: str, default=None) -> str | None:
+    return _get(body, key, str, "a string", default)
+
+
+def boolean(body: dict, key: str, default: bool = False) -> bool:
+    return _get(body, key, bool, "true or false", default)
+
+
+def stop_strings(body: dict) -> list[str]:
+    v = body.get("stop")
+    if v is None:
+        return []
+    if isinstance(v, str):
+        return [v]
+    if isinstance(v, list) and all(isinstance(s, str) for s in v):
+        return list(v)
+    raise ApiError(400, '"stop" must be a string or a list of strings')
+
+
+# --- generation settings --------------------------------------------------------------------------
+@dataclass
+class Extras:
+    """Per-request knobs that are not generation settings of the engine."""
+    stream: bool = False
+    include_usage: bool = False
+    n_indent: int = 0  # /infill: stop at a new line indented less than this
+    t_max_predict_ms: int = 0  # stop at the first new line after this many ms of generation
+    response_fields: list[str] = field(default_factory=list)
+    n_probs: int = 0
+
+
+def gen_settings(body: dict, defaults: GenConfig, oai: bool) -> tuple[GenConfig, Extras]:
+    """A GenConfig for this request (defaults overridden by its fields) and the other knobs."""
+    if oai:
+        max_tokens = integer(body, "max_completion_tokens", 0) or integer(body, "max_tokens", 0)
+        if integer(body, "n", 1, 1) not in (None, 1):
+            raise ApiError(400, '"n" must be 1: one choice per request')
+    else:
+        max_tokens = integer(body, "n_predict", -1)
+        max_tokens = None if max_tokens is not None and max_tokens < 0 else max_tokens
+    cfg = replace(defaults, stop=stop_strings(body) or list(defaults.stop))
+    if max_tokens is not None:
+        cfg.max_tokens = max_tokens
+    for key, attr, lo, hi in (("temperature", "temperature", 0.0, None), ("top_p", "top_p", 0.0, 1.0),
+                              ("min_p", "min_p", 0.0, 1.0)):
+        v = number(body, key, lo, hi)
+        if v is not None:
+            setattr(cfg, attr, v)
+    top_k = integer(body, "top_k", 0)
+    if top_k is not None:
+        cfg.top_k = top_k
+    seed = integer(body, "seed")
+    if seed is not None:
+        cfg.seed = None if seed < 0 else seed  # llama-server: -1 = random
+    _samplers(body, cfg)
+    _speculative(body, cfg)
+    extras = Extras(stream=boolean(body, "stream"), n_indent=integer(body, "n_indent", 0, 0),
+                    t_max_predict_ms=integer(body, "t_max_predict_ms", 0, 0), n_probs=integer(body, "n_probs", 0, 0))
+    so = body.get("stream_options")
+    if so is not None:
+        if not isinstance(so, dict):
+            raise ApiError(400, '"stream_options" must be an object')
+        extras.include_usage = boolean(so, "include_usage")
+    rf = body.get("response_fields")
+    if rf is not None:
+        if not isinstance(rf, list) or not all(isinstance(x, str) for x in rf):
+            raise ApiError(400, '"response_fields" must be a list of strings')
+        extras.response_fields = rf
+    return cfg, extras
+
+
+def _samplers(body: dict, cfg: GenConfig) -> None:
+    """llama-server's `samplers`: the chain to apply. A sampler left out of the list is off, as there
+    (no "temperature" = temperature 1); "infill", "dry", "penalties" and other llama.cpp samplers are
+    not implemented here and are skipped."""
+    chain = body.get("samplers")
+    if chain is None:
+        return
+    if not isinstance(chain, list) or not all(isinstance(x, str) for x in chain):
+        raise ApiError(400, '"samplers" must be a list of sampler names')
+    names = {x.lower() for x in chain}
+    if "top_k" not in names:
+        cfg.top_k = 0
+    if "top_p" not in names:
+        cfg.top_p = 1.0
+    if "min_p" not in names:
+        cfg.min_p = 0.0
+    if "temperature" not in names and cfg.temperature > 0:
+        cfg.temperature = 1.0
+
+
+def _speculative(body: dict, cfg: GenConfig) -> None:
+    """llama-server's speculative.{n_max, n_min, p_min} (nested or as "speculative.n_max" keys) and
+    localspec's own `spec` and `drafter`."""
+    spec = body.get("speculative")
+    if spec is not None and not isinstance(spec, dict):
+        raise ApiError(400, '"speculative" must be an object like {"n_max": 4}')
+    spec = dict(spec or {})
+    for k in ("n_max", "n_min", "p_min"):
+        if f"speculative.{k}" in body:
+            spec[k] = body[f"speculative.{k}"]
+    n_max = integer(spec, "n_max", 0)
+    if n_max is not None:
+        cfg.draft_max = cfg.ngram_draft_max = n_max
+    n_min = integer(spec, "n_min", 0)
+    if n_min is not None:
+        cfg.draft_min = n_min
+    p_min = number(spec, "p_min", 0.0, 1.0)
+    if p_min is not None:
+        cfg.p_min = p_min
+    mode = string(body, "spec")
+    if mode is not None:
+        if mode not in SPEC_MODES:
+            raise ApiError(400, f'"spec" must be one of {", ".join(SPEC_MODES)}')
+        cfg.spec = mode
+    drafter = string(body, "drafter")
+    if drafter is not None:
+        if drafter not in DRAFTERS:
+            raise ApiError(400, f'"drafter" must be one of {", ".join(DRAFTERS)}')
+        cfg.drafter = drafter
+    if cfg.spec == "on" and cfg.draft_max == 0:
+        cfg.spec = "off"  # nothing to draft: plain decoding, as llama-server does with n_max 0
+
+
+# --- prompts ----------------------------------------------------------------------------------------
+def chat_messages(body: dict) -> list[tuple[str, str]]:
+    """OpenAI `messages` -> [(role, text)]; text parts of a content array are joined."""
+    msgs = body.get("messages")
+    if not isinstance(msgs, list) or not msgs:
+        raise ApiError(400, '"messages" must be a non-empty list of {"role", "content"} objects')
+    out = []
+    for i, m in enumerate(msgs):
+        if not isinstance(m, dict) or not isinstance(m.get("role"), str):
+            raise ApiError(400, f'messages[{i}] must be an object with a string "role"')
+        out.append((m["role"], _content_text(m.get("content"), i)))
+    return out
+
+
+def _content_text(content: Any, i: int) -> str:
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        parts = []
+        for part in content:
+            if isinstance(part, dict) and part.get("type") == "text" and isinstance(part.get("text"), str):
+                parts.append(part["text"])
+            else:
+                raise ApiError(400, f"messages[{i}].content: only text parts are supported by this server")
+        return "".join(parts)
+    raise ApiError(400, f'messages[{i}].content must be a string or a list of text parts')
+
+
+def completion_prompt(body: dict) -> str | list[int]:
+    """`prompt` as text, or as token ids (llama-server accepts both); one prompt per request."""
+    p = body.get("prompt", _MISSING)
+    if p is _MISSING or p is None:
+        raise ApiError(400, '"prompt" is required')
+    if isinstance(p, list) and len(p) == 1 and isinstance(p[0], (str, list)):
+        p = p[0]  # a batch of one
+    if isinstance(p, str):
+        return p
+    if isinstance(p, list) and all(isinstance(t, int) and not isinstance(t, bool) for t in p):
+        return list(p)
+    raise ApiError(400, '"prompt" must be a string or a list of token ids (one prompt per request)')
+
+
+def pick_fields(obj: dict, paths: list[str]) -> dict:
+    """llama-server's `response_fields`: {"timings/prompt_n": ..., "content": ...}, flat, paths that
+    exist only."""
+    out = {}
+    for path in paths:
+        cur: Any = obj
+        for part in path.split("/"):
+            if not isinstance(cur, dict) or part not in cur:
+                cur = _MISSING
+                break
+            cur = cur[part]
+        if cur is not _MISSING:
+            out[path] = cur
+    return out

@@ -1,0 +1,133 @@
+"""Response JSON in llama-server's shapes (so clients work unmodified), from the engine's `Stats`.
+
+Every response that generated text carries llama.cpp's `timings` (with `draft_n` and
+`draft_n_accepted` when drafting ran) and localspec's own figures under `localspec`.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+
+FINISH = {"eos": "stop", "stop": "stop"}  # anything else (length, context, limit) -> "length"
+STOP_TYPE = {"eos": "eos", "stop": "word"}  # anything else -> "limit"
+
+
+def dumps(obj) -> str:
+    return json.dumps(obj, ensure_ascii=False, separators=(",", ":"))
+
+
+def sse(obj) -> str:
+    return f"data: {dumps(obj)}\n\n"
+
+
+def new_id(prefix: str) -> str:
+    return f"{prefix}-{uuid.uuid4().hex[:24]}"
+
+
+def timings(st) -> dict:
+    prompt_ms, gen_ms = st.prompt_eval_s * 1e3, st.generation_s * 1e3
+    t = {
+        "cache_n": st.prompt_tokens - st.prompt_eval_tokens,
+        "prompt_n": st.prompt_eval_tokens,
+        "prompt_ms": prompt_ms,
+        "prompt_per_token_ms": prompt_ms / st.prompt_eval_tokens if st.prompt_eval_tokens else 0.0,
+        "prompt_per_second": st.prompt_eval_tokens / st.prompt_eval_s if st.prompt_eval_s > 0 else 0.0,
+        "predicted_n": st.tokens,
+        "predicted_ms": gen_ms,
+        "predicted_per_token_ms": gen_ms / st.tokens if st.tokens else 0.0,
+        "predicted_per_second": st.tokens_per_second,
+    }
+    if st.drafted:
+        t["draft_n"] = st.drafted
+        t["draft_n_accepted"] = st.accepted
+    return t
+
+
+def localspec_stats(st) -> dict:
+    return {
+        "spec": st.spec_mode,
+        "drafters": sorted(st.drafted_by_drafter),
+        "acceptance_rate": round(st.acceptance_rate, 4),
+        "mean_accepted_length": round(st.mean_accepted_length, 4),
+        "target_passes": st.target_passes,
+        "rounds_plain": st.rounds_plain,
+        "drafted_by_drafter": st.drafted_by_drafter,
+        "accepted_by_drafter": st.accepted_by_drafter,
+        "tokens_by_source": st.tokens_by_source,
+        "stop_reason": st.stop_reason,
+        "policy": st.policy,
+        "stats": st.to_dict(),  # every figure (what `localspec run --json` prints), for clients that want it
+    }
+
+
+def usage(st) -> dict:
+    return {"completion_tokens": st.tokens, "prompt_tokens": st.prompt_tokens,
+            "total_tokens": st.tokens + st.prompt_tokens,
+            "prompt_tokens_details": {"cached_tokens": st.prompt_tokens - st.prompt_eval_tokens}}
+
+
+def finish_reason(st) -> str:
+    return FINISH.get(st.stop_reason, "length")
+
+
+def native_final(content: str, st, model: str, cfg, stopping_word: str = "") -> dict:
+    """/completion and /infill (non-streamed, or the last streamed event with content "")."""
+    return {
+        "index": 0, "content": content, "tokens": [], "id_slot": 0, "stop": True, "model": model,
+        "tokens_predicted": st.tokens, "tokens_evaluated": st.prompt_tokens,
+        "generation_settings": generation_settings(cfg), "prompt": "",
+        "has_new_line": "\n" in content, "truncated": st.stop_reason == "context",
+        "stop_type": STOP_TYPE.get(st.stop_reason, "limit"), "stopping_word": stopping_word,
+        "tokens_cached": st.prompt_tokens + st.tokens, "timings": timings(st), "localspec": localspec_stats(st),
+    }
+
+
+def native_partial(text: str, n_decoded: int, prompt_len: int) -> dict:
+    return {"index": 0, "content": text, "tokens": [], "stop": False, "id_slot": 0,
+            "tokens_predicted": n_decoded, "tokens_evaluated": prompt_len}
+
+
+def generation_settings(cfg) -> dict:
+    return {"n_predict": cfg.max_tokens, "temperature": cfg.temperature, "top_k": cfg.top_k, "top_p": cfg.top_p,
+            "min_p": cfg.min_p, "seed": -1 if cfg.seed is None else cfg.seed, "stop": list(cfg.stop),
+            "speculative.n_max": cfg.draft_max, "speculative.n_min": cfg.draft_min, "speculative.p_min": cfg.p_min,
+            "spec": cfg.spec, "drafter": cfg.drafter}
+
+
+def _oai_head(obj_id: str, model: str, kind: str) -> dict:
+    return {"id": obj_id, "object": kind, "created": int(time.time()), "model": model,
+            "system_fingerprint": "localspec"}
+
+
+def oai_completion(obj_id: str, model: str, text: str | None, st=None, finish: str | None = None) -> dict:
+    """/v1/completions: the whole answer (st given) or one streamed piece."""
+    out = _oai_head(obj_id, model, "text_completion")
+    out["choices"] = [{"text": text or "", "index": 0, "logprobs": None, "finish_reason": finish}]
+    if st is not None:
+        out["usage"] = usage(st)
+        out["timings"] = timings(st)
+        out["localspec"] = localspec_stats(st)
+    return out
+
+
+def oai_chat(obj_id: str, model: str, text: str, st) -> dict:
+    out = _oai_head(obj_id, model, "chat.completion")
+    out["choices"] = [{"index": 0, "finish_reason": finish_reason(st),
+                       "message": {"role": "assistant", "content": text}}]
+    out.update(usage=usage(st), timings=timings(st), localspec=localspec_stats(st))
+    return out
+
+
+def oai_chat_chunk(obj_id: str, model: str, delta: dict, finish: str | None = None) -> dict:
+    out = _oai_head(obj_id, model, "chat.completion.chunk")
+    out["choices"] = [{"index": 0, "finish_reason": finish, "delta": delta}]
+    return out
+
+
+def usage_chunk(obj_id: str, model: str, kind: str, st) -> dict:
+    """The extra last event of stream_options.include_usage: empty choices, the usage."""
+    out = _oai_head(obj_id, model, kind)
+    out.update(choices=[], usage=usage(st))
+    return out

@@ -1,0 +1,137 @@
+"""One loaded pair behind a FIFO queue: `ServerSession`.
+
+Requests become `Job`s. One worker thread takes them in arrival order and runs each to the end
+(none is cancelled by another, none is lost, none gets another's text): it builds the prompt,
+generates through the session's engine, and reports back through the job's `emit` callback —
+("start", prompt_len) once the prompt is accepted, ("text", str) for confirmed text, then
+("done", Stats) or ("error", ApiError). A job whose client hung up is cancelled within one
+decoding round (`Job.cancel`); a job cancelled while waiting is skipped.
+
+Consecutive requests share the engine's caches, so a prompt that starts like the previous one
+evaluates only the new tokens (`cache_n`), in the target and the draft model alike.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Callable
+
+from ..errors import ContextFullError, LocalspecError
+from ..session import Session
+from .infill import LineLimits
+from .metrics import Metrics
+from .protocol import ApiError, Extras
+
+Emit = Callable[[tuple], None]
+
+
+@dataclass
+class Job:
+    prepare: Callable[[object], tuple[list[int], object]]  # engine -> (prompt tokens, GenConfig); runs in the worker
+    extras: Extras
+    emit: Emit
+    cancel: threading.Event = field(default_factory=threading.Event)
+    queued_at: float = field(default_factory=time.perf_counter)
+
+
+class ServerSession:
+    def __init__(self, session: Session):
+        self.session = session
+        self.engine = session.engine
+        self.engine.remember_generations = True  # n-gram drafts may copy earlier answers
+        self.metrics = Metrics()
+        self.jobs: queue.Queue[Job | None] = queue.Queue()
+        self.busy = threading.Lock()  # held while a job (or /tokenize needing the model) runs
+        self.thread = threading.Thread(target=self._run, name="localspec-generate", daemon=True)
+        self.thread.start()
+
+    @property
+    def model(self):
+        return self.engine.target_model
+
+    def submit(self, job: Job) -> None:
+        self.metrics.deferred += 1
+        self.jobs.put(job)
+
+    def close(self, cancel_running: bool = True) -> None:
+        """Stop taking jobs, end the running one (within one round) and free the models."""
+        drained = []
+        while True:
+            try:
+                drained.append(self.jobs.get_nowait())
+            except queue.Empty:
+                break
+        for job in drained:
+            if job is not None:
+                job.cancel.set()
+                job.emit(("error", ApiError(503, "the server is shutting down")))
+        if cancel_running and self._current is not None:
+            self._current.cancel.set()
+        self.jobs.put(None)
+        self.thread.join(timeout=30)
+        self.session.close()
+
+    _current: Job | None = None
+
+    def _run(self) -> None:
+        while True:
+            job = self.jobs.get()
+            if job is None:
+                return
+            self.metrics.deferred -= 1
+            if job.cancel.is_set():
+                continue
+            self._current = job
+            self.metrics.processing = 1
+            try:
+                with self.busy:
+                    self._serve(job)
+            finally:
+                self.metrics.processing = 0
+                self._current = None
+
+    def _serve(self, job: Job) -> None:
+        engine = self.engine
+        try:
+            prompt, cfg = job.prepare(engine)
+            try:
+                engine.check_prompt(prompt)
+            except ContextFullError:
+                raise ApiError(400, f"request ({len(prompt)} tokens) exceeds the available context size "
+                                    f"({engine.target.n_ctx} tokens), try increasing it",
+                               "exceed_context_size_error", n_prompt_tokens=len(prompt), n_ctx=engine.target.n_ctx)
+            self.session.ensure_profile(spec=cfg.spec)
+            job.emit(("start", len(prompt)))
+            stats = self._generate(job, prompt, cfg)
+        except ApiError as e:
+            job.emit(("error", e))
+            return
+        except LocalspecError as e:
+            job.emit(("error", ApiError(400, str(e))))
+            return
+        except Exception as e:  # the server stays up; the client learns what broke
+            job.emit(("error", ApiError(500, f"{type(e).__name__}: {e}")))
+            return
+        self.metrics.add(stats)
+        job.emit(("done", stats))
+
+    def _generate(self, job: Job, prompt: list[int], cfg):
+        engine, ex = self.engine, job.extras
+        if cfg.max_tokens == 0:
+            return engine.prefill(prompt)
+        limits = LineLimits(ex.n_indent, ex.t_max_predict_ms) if (ex.n_indent or ex.t_max_predict_ms) else None
+        gen = engine.generate(prompt, cfg, cancel=job.cancel.is_set)
+        try:
+            for chunk in gen:
+                text, stop = (chunk.text, False) if limits is None else limits.push(chunk.text)
+                if text:
+                    job.emit(("text", text))
+                if stop:
+                    engine.last_stats.stop_reason = "limit"
+                    break
+        finally:
+            gen.close()
+        return engine.last_stats

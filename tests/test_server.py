@@ -1,0 +1,292 @@
+"""`localspec serve` as a real process, driven by clients other people wrote: the official `openai`
+package, httpx with llama.vim's and llama.vscode's exact /infill request bodies, raw SSE."""
+
+from __future__ import annotations
+
+import json
+import threading
+
+import httpx
+import openai
+import pytest
+from conftest import THREADS
+from serverproc import ServerProcess
+
+# llama.vim (autoload/llama.vim, s:fim_render / llama#fim): the FIM request, field for field
+VIM_FIM = {
+    "id_slot": 0, "input_prefix": "def read the file\n    for line in data\n", "input_suffix": "\n    return value\n",
+    "input_extra": [{"text": "def parse the csv file\n    return list\n", "filename": "parse.py"}],
+    "prompt": "        ", "n_predict": 32, "stop": [], "n_indent": 4, "top_k": 40, "top_p": 0.90,
+    "samplers": ["top_k", "top_p", "infill"], "stream": False, "cache_prompt": True, "t_max_prompt_ms": 500,
+    "t_max_predict_ms": 1000,
+    "response_fields": ["content", "timings/prompt_n", "timings/prompt_ms", "timings/prompt_per_token_ms",
+                        "timings/prompt_per_second", "timings/predicted_n", "timings/predicted_ms",
+                        "timings/predicted_per_token_ms", "timings/predicted_per_second", "truncated", "tokens_cached"],
+}
+# llama.vim's ring-buffer update (s:ring_update): warm the cache with extra context, predict nothing
+VIM_RING = {"id_slot": 0, "input_prefix": "", "input_suffix": "",
+            "input_extra": [{"text": "import the data\n", "filename": "io.py"}], "prompt": "", "n_predict": 0,
+            "temperature": 0.0, "samplers": [], "stream": False, "cache_prompt": True, "t_max_prompt_ms": 1,
+            "t_max_predict_ms": 1, "response_fields": [""]}
+# llama.vscode (src/llama-server.ts, createRequestPayload with defaultRequestParams)
+VSCODE_FIM = {"id_slot": 0, "input_prefix": "def hello world\n", "input_suffix": "\n", "input_extra": [],
+              "prompt": "    ", "n_predict": 24, "n_cmpl": 1, "top_k": 40, "top_p": 0.99, "stream": False,
+              "samplers": ["top_k", "top_p", "infill"], "cache_prompt": True, "n_indent": 4,
+              "t_max_prompt_ms": 500, "t_max_predict_ms": 2500}
+
+
+@pytest.fixture(scope="module")
+def server(tiny, tmp_path_factory):
+    srv = ServerProcess(["--target", str(tiny.fim_target), "--draft", str(tiny.fim_draft), "--threads", str(THREADS),
+                         "-c", "1024", "--temperature", "0"], tmp_path_factory.mktemp("serve-home"))
+    yield srv
+    assert srv.stop() == 0, srv.output()
+    assert "Traceback" not in srv.output()
+
+
+@pytest.fixture(scope="module")
+def oai(server):
+    return openai.OpenAI(base_url=server.url + "/v1", api_key="none", max_retries=0)
+
+
+def post(server, path: str, body, **kw) -> httpx.Response:
+    content = body if isinstance(body, (bytes, str)) else json.dumps(body)
+    return httpx.post(server.url + path, content=content, headers={"Content-Type": "application/json"},
+                      timeout=120, **kw)
+
+
+# --- the openai package ----------------------------------------------------------------------------
+def test_chat_with_the_openai_package(oai):
+    r = oai.chat.completions.create(model="fim-target", messages=[{"role": "user", "content": "hello world"}],
+                                    max_tokens=16, temperature=0)
+    assert r.object == "chat.completion" and r.choices[0].message.role == "assistant"
+    text = r.choices[0].message.content
+    assert text and r.choices[0].finish_reason in ("stop", "length")
+    assert r.usage.completion_tokens > 0 and r.usage.total_tokens == r.usage.prompt_tokens + r.usage.completion_tokens
+    extra = r.model_extra
+    assert extra["timings"]["predicted_n"] == r.usage.completion_tokens
+    assert {"acceptance_rate", "mean_accepted_length", "target_passes", "drafters"} <= set(extra["localspec"])
+    # streamed, with the usage chunk: the same text, piece by piece
+    chunks = list(oai.chat.completions.create(model="fim-target", messages=[{"role": "user", "content": "hello world"}],
+                                              max_tokens=16, temperature=0, stream=True,
+                                              stream_options={"include_usage": True}))
+    assert chunks[0].choices[0].delta.role == "assistant"
+    assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == text
+    assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == r.usage.completion_tokens
+    assert chunks[-2].choices[0].finish_reason == r.choices[0].finish_reason
+
+
+def test_completions_with_the_openai_package(oai):
+    r = oai.completions.create(model="fim-target", prompt="the cache of the model", max_tokens=12, temperature=0)
+    assert r.object == "text_completion" and r.choices[0].text and r.usage.completion_tokens <= 12
+    streamed = list(oai.completions.create(model="fim-target", prompt="the cache of the model", max_tokens=12,
+                                           temperature=0, stream=True))
+    assert "".join(c.choices[0].text for c in streamed if c.choices) == r.choices[0].text
+    models = oai.models.list()
+    assert [m.id for m in models.data] == ["fim-target"]
+
+
+def test_errors_surface_as_the_sdks_exceptions(oai):
+    with pytest.raises(openai.NotFoundError):
+        oai.chat.completions.create(model="gpt-4o", messages=[{"role": "user", "content": "hi"}])
+    with pytest.raises(openai.BadRequestError) as e:
+        oai.chat.completions.create(model="fim-target", messages=[])
+    assert "messages" in str(e.value)
+    with pytest.raises(openai.BadRequestError) as e:
+        oai.chat.completions.create(model="fim-target", messages=[{"role": "user", "content": "the " * 1200}])
+    assert e.value.body["type"] == "exceed_context_size_error" and e.value.body["n_ctx"] == 1024
+
+
+# --- llama.cpp's native endpoints, editors' exact requests ------------------------------------------------
+def test_llama_vim_and_vscode_infill_requests(server):
+    r = post(server, "/infill", VIM_RING)
+    assert r.status_code == 200 and r.json() == {}  # response_fields [""]: nothing, as llama-server answers
+    r = post(server, "/infill", VIM_FIM)
+    assert r.status_code == 200
+    body = r.json()
+    assert set(body) == set(VIM_FIM["response_fields"])  # flat "timings/..." keys, as llama.vim reads them
+    assert isinstance(body["content"], str) and body["timings/predicted_n"] <= 32
+    for line in body["content"].split("\n")[1:]:  # n_indent 4: no line after the first dedents
+        assert not line.strip() or len(line) - len(line.lstrip(" \t")) >= 4
+    again = post(server, "/infill", VIM_FIM).json()
+    assert again["timings/prompt_n"] < body["timings/prompt_n"] or body["timings/prompt_n"] <= 1  # prefix reused
+    assert again["tokens_cached"] > 0
+    r = post(server, "/infill", VSCODE_FIM)
+    assert r.status_code == 200 and isinstance(r.json()["content"], str)  # llama.vscode reads .content
+    full = r.json()
+    assert {"timings", "tokens_cached", "truncated", "stop_type", "generation_settings"} <= set(full)
+
+
+def test_infill_errors(server, tiny, tmp_path):
+    assert post(server, "/infill", {"input_suffix": ""}).json()["error"]["message"] == '"input_prefix" is required'
+    r = post(server, "/infill", {"input_prefix": "a", "input_suffix": "", "input_extra": [{"filename": "x"}]})
+    assert r.status_code == 400 and "text" in r.json()["error"]["message"]
+    r = post(server, "/infill", {"input_prefix": "a", "input_suffix": "", "input_extra": "nope"})
+    assert r.status_code == 400
+    # a model without FIM tokens: 501, and the message says why
+    plain = ServerProcess(["--target", str(tiny.target), "--threads", str(THREADS), "-c", "512"], tmp_path / "h")
+    try:
+        r = post(plain, "/infill", VIM_FIM)
+        assert r.status_code == 501 and r.json()["error"]["type"] == "not_supported_error"
+        assert "FIM" in r.json()["error"]["message"]
+    finally:
+        assert plain.stop() == 0
+
+
+def test_native_completion_and_raw_sse_framing(server):
+    body = {"prompt": "the model", "n_predict": 10, "temperature": 0}
+    whole = post(server, "/completion", body).json()
+    assert whole["stop"] is True and whole["tokens_predicted"] == whole["timings"]["predicted_n"] <= 10
+    with httpx.stream("POST", server.url + "/completion", json={**body, "stream": True}, timeout=60) as r:
+        lines = [ln for ln in r.iter_lines()]
+    events = [json.loads(ln[6:]) for ln in lines if ln.startswith("data: ")]
+    assert all(ln.startswith("data: ") or ln == "" for ln in lines)
+    assert "".join(e["content"] for e in events) == whole["content"] and events[-1]["stop"] is True
+    assert "data: [DONE]" not in lines  # llama-server's native stream ends without it
+    with httpx.stream("POST", server.url + "/v1/chat/completions", timeout=60,
+                      json={"messages": [{"role": "user", "content": "hi"}], "max_tokens": 5, "stream": True}) as r:
+        assert r.headers["content-type"].startswith("text/event-stream")
+        oai_lines = [ln for ln in r.iter_lines() if ln]
+    assert oai_lines[-1] == "data: [DONE]" and all(ln.startswith("data: ") for ln in oai_lines)
+
+
+def test_information_endpoints(server):
+    assert server.get("/health") == (200, {"status": "ok"})
+    code, props = server.get("/props")
+    assert code == 200 and props["total_slots"] == 1 and props["default_generation_settings"]["n_ctx"] == 1024
+    toks = post(server, "/tokenize", {"content": "hello world"}).json()["tokens"]
+    assert toks and post(server, "/detokenize", {"tokens": toks}).json()["content"].strip() == "hello world"
+    pieces = post(server, "/tokenize", {"content": "hello", "with_pieces": True}).json()["tokens"]
+    assert all(set(p) == {"id", "piece"} for p in pieces)
+    code, text = server.get("/metrics")
+    assert code == 200 and "llamacpp:tokens_predicted_total" in text
+    assert "llamacpp:spec_decode_num_draft_tokens_total" in text and "localspec:draft_tokens_accepted_total" in text
+
+
+def test_bad_input_gets_an_error_json_and_the_server_stays_up(server):
+    cases = [
+        (b"{not json", 400, "not valid JSON"),
+        (b"\xff\xfe", 400, "UTF-8"),
+        (b"[1, 2]", 400, "JSON object"),
+        ({"messages": [{"role": "user", "content": "hi"}], "temperature": "hot"}, 400, '"temperature"'),
+        ({"messages": [{"role": "user", "content": "hi"}], "max_tokens": -3}, 400, '"max_tokens"'),
+        ({"messages": [{"role": "user", "content": "hi"}], "stop": [1, 2]}, 400, '"stop"'),
+        ({"messages": "hi"}, 400, '"messages"'),
+        ({"messages": [{"role": "user", "content": [{"type": "image_url"}]}]}, 400, "text"),
+        ({"messages": [{"role": "user", "content": "hi"}], "model": "llama3"}, 404, "not found"),
+        ({"messages": [{"role": "user", "content": "hi"}], "spec": "sometimes"}, 400, '"spec"'),
+    ]
+    for body, status, words in cases:
+        r = post(server, "/v1/chat/completions", body)
+        assert r.status_code == status, (body, r.text)
+        err = r.json()["error"]
+        assert set(err) >= {"code", "message", "type"} and words in err["message"], (body, err)
+    r = post(server, "/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2,
+                                              "some_future_field": {"x": 1}})
+    assert r.status_code == 200  # unknown fields are ignored, never a 422
+    assert server.get("/nowhere")[0] == 404 and server.get("/health")[0] == 200
+
+
+def test_many_clients_each_get_their_own_answer_in_order(server):
+    prompts = ["the cache", "a model token", "print hello world", "for line in file", "def parse csv"]
+
+    def ask(p: str) -> str:
+        return post(server, "/completion", {"prompt": p, "n_predict": 12, "temperature": 0}).json()["content"]
+
+    alone = {p: ask(p) for p in prompts}
+    finished, lock, threads = [], threading.Lock(), []
+    results = {}
+
+    def worker(p: str) -> None:
+        r = post(server, "/completion", {"prompt": p, "n_predict": 12, "temperature": 0}).json()
+        with lock:
+            results[p] = r["content"]
+            finished.append(p)
+
+    for p in prompts * 2:
+        threads.append(threading.Thread(target=worker, args=(p,)))
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    assert len(finished) == 2 * len(prompts)
+    assert results == alone  # none lost, none answered with another's text
+
+
+def test_a_client_that_hangs_up_cancels_its_generation(server):
+    before = server.metric("llamacpp:tokens_predicted_total")
+    with httpx.stream("POST", server.url + "/completion", timeout=60,
+                      json={"prompt": "the", "n_predict": 600, "temperature": 0.8, "seed": 1, "stream": True}) as r:
+        for line in r.iter_lines():
+            if line.startswith("data: "):
+                break  # hang up after the first piece
+    r = post(server, "/completion", {"prompt": "hello", "n_predict": 3, "temperature": 0})
+    assert r.status_code == 200
+    predicted = server.metric("llamacpp:tokens_predicted_total") - before
+    assert predicted < 600  # the abandoned generation stopped long before its 600 tokens
+
+
+def test_api_key(tiny, tmp_path):
+    srv = ServerProcess(["--target", str(tiny.target), "--threads", str(THREADS), "-c", "512", "--api-key", "s3cret"],
+                        tmp_path)
+    try:
+        assert srv.get("/health")[0] == 200  # public, as in llama-server
+        code, body = srv.get("/props")
+        assert code == 401 and body["error"]["type"] == "authentication_error"
+        assert srv.get("/props", {"Authorization": "Bearer wrong"})[0] == 401
+        assert srv.get("/props", {"Authorization": "Bearer s3cret"})[0] == 200
+        client = openai.OpenAI(base_url=srv.url + "/v1", api_key="wrong", max_retries=0)
+        with pytest.raises(openai.AuthenticationError):
+            client.chat.completions.create(model="target", messages=[{"role": "user", "content": "hi"}])
+        ok = openai.OpenAI(base_url=srv.url + "/v1", api_key="s3cret", max_retries=0)
+        assert ok.chat.completions.create(model="target", messages=[{"role": "user", "content": "hi"}], max_tokens=2)
+    finally:
+        assert srv.stop() == 0
+
+
+def run_cli(server, *args: str, env: dict | None = None):
+    import subprocess
+    import sys
+
+    from serverproc import ROOT
+
+    return subprocess.run([sys.executable, "-m", "localspec", *args], cwd=ROOT, capture_output=True, text=True,
+                          env={**server.env, "LOCALSPEC_SERVER": server.url, **(env or {})}, timeout=120)
+
+
+def test_localspec_run_uses_a_running_server_with_the_same_pair(server, tiny):
+    pair = ["--target", str(tiny.fim_target), "--draft", str(tiny.fim_draft)]
+    served = server.metric("localspec:requests_total")
+    r = run_cli(server, "run", *pair, "--threads", str(THREADS), "-c", "1024", "--temperature", "0", "-n", "8",
+                "--json", "hello world")
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout)
+    assert set(out) == {"text", "tokens", "pair", "stats"} and out["tokens"] == out["stats"]["tokens"] > 0
+    assert server.metric("localspec:requests_total") == served + 1  # answered by the server
+    streamed = run_cli(server, "run", *pair, "--temperature", "0", "-n", "8", "--stats", "hello world")
+    assert streamed.returncode == 0 and streamed.stdout == out["text"] + "\n" and "tokens = " in streamed.stderr
+    assert server.metric("localspec:requests_total") == served + 2
+    # --local, another pair, or another context size: in-process, the server is not asked
+    for extra in (["--local"], ["-c", "512"]):
+        r = run_cli(server, "run", *pair, "--threads", str(THREADS), "-n", "4", *extra, "hello")
+        assert r.returncode == 0, r.stderr
+    r = run_cli(server, "run", "--target", str(tiny.target), "--threads", str(THREADS), "-c", "512", "-n", "4", "hello")
+    assert r.returncode == 0, r.stderr
+    assert server.metric("localspec:requests_total") == served + 2
+    # a server error is one line, like any other
+    r = run_cli(server, "run", *pair, "-n", "4", "the " * 1200)
+    assert r.returncode != 0 and r.stderr.count("\n") == 1 and r.stderr.startswith("error: ")
+
+
+def test_serve_refuses_other_addresses_without_a_key(tiny, tmp_path):
+    import subprocess
+    import sys
+
+    from serverproc import ROOT
+
+    r = subprocess.run([sys.executable, "-m", "localspec", "serve", "--target", str(tiny.target), "--host", "0.0.0.0"],
+                       cwd=ROOT, capture_output=True, text=True, timeout=60,
+                       env={**__import__("os").environ, "LOCALSPEC_HOME": str(tmp_path)})
+    assert r.returncode == 2 and r.stdout == ""
+    assert r.stderr.startswith("error: --host 0.0.0.0 would let other machines use the models; add --api-key")
+    assert r.stderr.count("\n") == 1

@@ -1,0 +1,122 @@
+"""The server's pieces without HTTP: FIM prompt layout, editor limits on a fake clock, request fields,
+n-gram memory across requests."""
+
+from __future__ import annotations
+
+import pytest
+from conftest import THREADS
+from tinygguf import FIM_TOKENS
+
+from localspec.config import GenConfig, LoadConfig
+from localspec.drafters import NgramDrafter
+from localspec.engine import Engine
+from localspec.server import infill
+from localspec.server.protocol import ApiError, gen_settings, pick_fields
+
+
+@pytest.fixture(scope="module")
+def fim_engine(tiny):
+    e = Engine(tiny.fim_target, tiny.fim_draft, LoadConfig(n_ctx=4096, n_threads=THREADS, n_threads_batch=THREADS))
+    yield e
+    e.close()
+
+
+def test_fim_prompt_layout(fim_engine):
+    m = fim_engine.target_model
+    fim = m.fim_tokens()
+    assert set(fim) == set(FIM_TOKENS)
+    body = {"input_prefix": "def read", "input_suffix": "return data", "prompt": "the",
+            "input_extra": [{"filename": "a.py", "text": "import csv"}]}
+    toks = infill.infill_tokens(m, body, body["input_extra"], 4096, 16)
+
+    def t(s):
+        return m.tokenize(s, add_special=False)
+    expected = ([fim["rep"], *t("myproject\n"), fim["sep"], *t("a.py\n"), *t("import csv"), fim["sep"], *t("filename\n"),
+                 m.bos, fim["pre"], *t("def read"), *t("the"), fim["suf"], *t("return data"), fim["mid"]])
+    assert toks == expected
+    assert infill.fim_stop_tokens(m) == {fim["pad"], fim["rep"], fim["sep"]}
+
+
+def test_fim_budgets_keep_the_end_of_the_prefix_and_the_newest_extra(fim_engine):
+    m = fim_engine.target_model
+    long_prefix = "the cache " * 2000
+    toks = infill.infill_tokens(m, {"input_prefix": long_prefix, "input_suffix": "", "prompt": ""}, [], 4096, 0)
+    pre = toks.index(m.fim_tokens()["pre"])
+    assert len(toks) - pre - 3 == 3 * infill.FIM_BATCH // 4  # 3/4 of a batch of prefix, its end
+    extra = [{"text": "word " * 3000}]
+    toks = infill.infill_tokens(m, {"input_prefix": "a", "input_suffix": "", "prompt": ""}, extra, 4096, 100)
+    assert toks.index(m.fim_tokens()["pre"]) <= 4096 - infill.FIM_BATCH - 2 * 100 + 1
+
+
+def test_a_model_without_fim_tokens_is_refused(tiny):
+    with pytest.raises(ApiError) as e:
+        infill.require_fim({"pre": 1, "mid": 2})
+    assert e.value.status == 501 and "suffix" in e.value.message
+
+
+class Clock:
+    def __init__(self):
+        self.t = 0.0
+
+    def __call__(self):
+        return self.t
+
+
+def test_line_limits_on_a_fake_clock(monkeypatch):
+    clock = Clock()
+    monkeypatch.setattr(infill.time, "perf_counter", clock)
+    lim = infill.LineLimits(n_indent=4)
+    assert lim.push("x = 1\n") == ("x = 1\n", False)  # the first line is never checked
+    assert lim.push("    y") == ("    y", False)
+    assert lim.push(" = 2\n  ") == (" = 2\n", False)  # indentation is held until the line shows itself
+    assert lim.push("  z\n") == ("    z\n", False)  # four spaces: kept
+    assert lim.push("\n") == ("\n", False)  # a blank line is fine
+    assert lim.push("  bad") == ("", True)  # dedented: cut, stop
+    timed = infill.LineLimits(t_max_predict_ms=100)
+    assert timed.push("a") == ("a", False)  # the clock starts at the first token
+    clock.t = 0.05
+    assert timed.push("b\n") == ("b\n", False)
+    clock.t = 0.2
+    assert timed.push("c") == ("c", False)  # past the limit, but no new line yet
+    assert timed.push("d\ne") == ("d\ne", True)  # stops at the next new line
+
+
+def test_request_fields():
+    base = GenConfig(temperature=0.8, top_k=40, top_p=0.95, min_p=0.05, max_tokens=99)
+    cfg, ex = gen_settings({"samplers": ["top_k", "top_p", "infill"], "n_predict": 7, "speculative.n_max": 3,
+                            "speculative": {"n_min": 2}, "drafter": "ngram", "stream": True}, base, oai=False)
+    assert (cfg.top_k, cfg.top_p, cfg.min_p, cfg.temperature) == (40, 0.95, 0.0, 1.0)  # as llama-server's chain
+    assert (cfg.max_tokens, cfg.draft_max, cfg.draft_min, cfg.drafter, ex.stream) == (7, 3, 2, "ngram", True)
+    cfg, _ = gen_settings({"max_tokens": 5, "max_completion_tokens": 6, "stop": "x", "seed": -1}, base, oai=True)
+    assert (cfg.max_tokens, cfg.stop, cfg.seed) == (6, ["x"], None)
+    assert base.max_tokens == 99 and base.stop == []  # the server's defaults are never changed by a request
+    for bad in ({"top_p": 2}, {"top_k": 1.5}, {"n": 2}, {"speculative": 3}, {"stream_options": []}):
+        with pytest.raises(ApiError):
+            gen_settings(bad, base, oai=True)
+    assert pick_fields({"a": {"b": 1}, "c": 2}, ["a/b", "c", "", "x/y"]) == {"a/b": 1, "c": 2}
+
+
+def test_ngram_memory_drafts_from_earlier_generations():
+    d = NgramDrafter()
+    d.remember([5, 6, 7, 8, 9, 10, 11])
+    found, n = d.lookup([1, 2, 6, 7], 3)
+    assert found == [8, 9, 10] and n == 2
+    cur = [6, 7, 42, 1, 6, 7]  # the current text wins over the memory
+    assert d.lookup(cur, 2)[0] == [42, 1]
+    d.MEMORY_TOKENS = 10
+    d.remember(list(range(100, 109)))  # the oldest sequence leaves once the memory is full
+    assert d.lookup([1, 6, 7], 2) == ([], 0) and d.lookup([1, 101, 102], 2)[0] == [103, 104]
+
+
+def test_a_repeated_request_drafts_from_the_earlier_answer(fim_engine):
+    e = fim_engine
+    e.remember_generations = True
+    try:
+        cfg = GenConfig(temperature=0, spec="on", drafter="ngram", draft_max=4, max_tokens=40)
+        prompt = e.prompt_tokens("hello world")
+        first = [c.token for c in e.generate(prompt, cfg) if c.token is not None]
+        second = [c.token for c in e.generate(prompt, cfg) if c.token is not None]
+        st = e.last_stats
+        assert second == first and st.accepted > 0 and st.prompt_eval_tokens <= 1  # drafted from memory, cached
+    finally:
+        e.remember_generations = False
