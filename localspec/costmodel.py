@@ -16,7 +16,7 @@ from __future__ import annotations
 import json
 import statistics
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 
@@ -45,6 +45,18 @@ class CostProfile:
     key: str = ""  # what it was measured on
     measured_at: str = ""
     extra: dict = field(default_factory=dict)
+    depth: int = 128  # context depth (tokens in the cache) the figures above were measured at
+    by_depth: dict = field(default_factory=dict)  # {"1024": [t_verify(1), ...]}: deeper contexts cost more
+
+    def at_depth(self, n_tokens: int) -> "CostProfile":
+        """The profile measured nearest this depth (a long FIM prompt makes every pass dearer, and
+        what pays at depth 128 may not at 2,000)."""
+        depths = {self.depth: self.t_verify, **{int(d): tv for d, tv in self.by_depth.items()}}
+        best = min(depths, key=lambda d: abs(d - n_tokens))
+        if best == self.depth:
+            return self
+        tv = depths[best]
+        return replace(self, t_decode=tv[0], t_verify=list(tv), depth=best, by_depth={})
 
     def verify(self, n: int) -> float:
         """Cost of a target pass over n tokens; beyond the measured range, extrapolate linearly."""
@@ -130,6 +142,37 @@ def measure_costs(engine, n_max: int = 8, repeats: int = 5, warmup: int = 2, att
             break
     return CostProfile(t_decode=t_verify[0], t_verify=t_verify, t_draft=t_draft,
                        measured_at=datetime.now(timezone.utc).isoformat(timespec="seconds"))
+
+
+DEPTH_BUCKETS = (512, 1024, 2048, 4096, 8192, 16384)  # depths measured on top of the base profile's
+
+
+def depth_bucket(n_tokens: int) -> int | None:
+    """The bucket a context depth is measured under (None: close enough to the base depth)."""
+    fits = [b for b in DEPTH_BUCKETS if b <= n_tokens]
+    return fits[-1] if fits else None
+
+
+def measure_at_depth(ctx, n_max: int, repeats: int = 3, should_stop=lambda: False) -> list[float] | None:
+    """T_verify(n), n = 1..n_max, over whatever the context holds now (its depth), every pass rolled
+    back so the cache is left as it was. None when `should_stop()` said to give up (a request came)."""
+    base = len(ctx.tokens)
+    toks = ctx.tokens[-n_max:]
+    if base < n_max or base + n_max > ctx.n_ctx:
+        return None
+    samples: dict[int, list[float]] = {}
+    for r in range(repeats + 1):  # the first round warms up
+        for n in range(1, n_max + 1):
+            if should_stop():
+                return None
+            t0 = time.perf_counter()
+            ctx.eval(toks[:n], logits="all")
+            dt = time.perf_counter() - t0
+            ctx.truncate(base)
+            if r:
+                samples.setdefault(n, []).append(dt)
+    tv = [statistics.median(samples[n]) for n in range(1, n_max + 1)]
+    return tv if plausible(tv) else None
 
 
 def implausible_pass(t_verify: list[float]) -> tuple[int, int] | None:

@@ -156,7 +156,8 @@ class Engine:
         stats = self.last_stats = Stats(prompt_tokens=len(prompt))
         seq = list(prompt)
         drafter = self.make_drafter(cfg, rng) if cfg.spec != "off" else None
-        policy = make_policy(cfg, self.profile, drafter) if drafter else FixedK(0)
+        profile = self.profile.at_depth(len(prompt)) if self.profile is not None else None
+        policy = make_policy(cfg, profile, drafter) if drafter else FixedK(0)
         stats.spec_mode = cfg.spec if drafter else "off"
         decode_before = tgt.decode_s + (self.draft_ctx.decode_s if self.draft_ctx else 0.0)
 

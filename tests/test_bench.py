@@ -439,3 +439,26 @@ def test_progress_bar():
     lines = log.getvalue().splitlines()
     assert "\x1b" not in log.getvalue() and len(lines) == 11 and lines[-1] == "bench: 40 runs in 0s"
     assert (fmt_duration(59), fmt_duration(61), fmt_duration(3725)) == ("59s", "1m01s", "1h02m")
+
+
+def test_fim_workload_from_the_standard_library(tiny, tmp_path):
+    from localspec.bench.fimcode import fim_prompts, stdlib_dir
+
+    prompts = fim_prompts()
+    assert len(prompts) >= 10 and len({p["id"].split(".")[0] for p in prompts[:8]}) == 8  # spread over modules
+    for p in prompts:
+        path, line = p["where"].rsplit(":", 1)
+        lines = open(path, encoding="utf-8").read().splitlines(keepends=True)
+        n = p["reference"].count("\n")
+        assert "".join(lines[int(line) - 1:int(line) - 1 + n]) == p["reference"]  # cut at line boundaries
+        assert p["prefix"].endswith("\n") and str(stdlib_dir()) in path
+    code, out, err = bench(["--target", str(tiny.fim_target), "--draft", str(tiny.fim_draft), "--threads", str(THREADS),
+                            "--workloads", "fim", "--prompts-per-workload", "2", "-n", "16", "--json", "-q"], tmp_path)
+    assert code == 0, err
+    w = json.loads(out)["workloads"][0]
+    assert w["workload"] == "fim" and len(w["prompts"]) == 2
+    for s in w["settings"]:
+        assert s["latency_s"]["median"] > 0 and 0 <= s["reference_match"]["median"] <= 1
+    # a model without FIM tokens: one line that says so
+    code, out, err = bench(["--target", str(tiny.target), "--threads", str(THREADS), "--workloads", "fim", "-q"], tmp_path)
+    assert code == 1 and err.startswith("error: Infill is not supported by this model") and err.count("\n") == 1

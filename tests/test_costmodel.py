@@ -148,3 +148,30 @@ def test_disturbed_costs_are_flagged():
     busy = CostProfile(t_decode=6.4, t_verify=[6.4, 0.38, 0.64, 0.96], t_draft=0.2)
     (msg,) = cost_warnings(busy)
     assert "T_verify(2)" in msg and "busy" in msg
+
+
+def test_profile_at_depth_picks_the_nearest_measured_depth():
+    from localspec.costmodel import CostProfile, depth_bucket
+
+    p = CostProfile(t_decode=1.0, t_verify=[1.0, 1.8, 2.4], by_depth={"1100": [2.0, 3.0, 3.5], "4200": [4.0, 5.0, 6.0]})
+    assert p.at_depth(100) is p and p.at_depth(400) is p
+    deep = p.at_depth(1500)
+    assert (deep.t_decode, deep.t_verify, deep.depth) == (2.0, [2.0, 3.0, 3.5], 1100)
+    assert p.at_depth(9000).t_verify == [4.0, 5.0, 6.0]
+    assert depth_bucket(300) is None and depth_bucket(1100) == 1024 and depth_bucket(5000) == 4096
+
+
+def test_measure_at_depth_leaves_the_cache_as_it_was(tiny):
+    from conftest import THREADS
+
+    from localspec.config import LoadConfig
+    from localspec.costmodel import measure_at_depth
+    from localspec.engine import Engine
+
+    e = Engine(tiny.target, None, LoadConfig(n_ctx=1024, n_threads=THREADS, n_threads_batch=THREADS))
+    toks = e.prompt_tokens("the cache of the model " * 40, raw=True)
+    e.target.sync(toks)
+    tv = measure_at_depth(e.target, 4, repeats=1)
+    assert (tv is None or len(tv) == 4) and e.target.tokens == toks  # None: timings too noisy to keep
+    assert measure_at_depth(e.target, 4, should_stop=lambda: True) is None and e.target.tokens == toks
+    e.close()

@@ -208,9 +208,26 @@ def text_report(doc: dict) -> str:
         out.append("")
         out.append(f"{w['workload']}: {w['description']} ({len(w['prompts'])} prompts; plain {fspread(w['plain']['tps'], 1)} tok/s)")
         out += text_table(DETAIL_HEADERS, detail_rows(w), right=set(range(1, len(DETAIL_HEADERS))))
+        out += completion_lines(w)
     out.append("")
     out += LEGEND
     return "\n".join(out) + "\n"
+
+
+def completion_lines(w: dict) -> list[str]:
+    """Per setting: completion latency (prompt + generation, median over prompts) and, for fim, the share
+    of completions that reproduce the real lines."""
+    rows = [s for s in w["settings"] if s.get("latency_s")]
+    if not rows:
+        return []
+    rows = [{"setting": {"label": "plain"}, **w["plain"]}, *rows]
+    out = ["  latency, median [min-max] over prompts" + ("; completions equal to the real lines" if
+                                                             rows[0].get("reference_match") else "") + ":"]
+    for s in rows:
+        ref = s.get("reference_match")
+        out.append(f"    {s['setting']['label']:<22} {fspread(s['latency_s'], 2)} s"
+                   + (f"; same as the source {100 * ref['median']:.0f}% (median)" if ref else ""))
+    return out
 
 
 LEGEND = [

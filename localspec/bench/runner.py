@@ -24,6 +24,7 @@ from ..config import GenConfig
 from ..costmodel import CostProfile
 from ..engine import Message
 from ..errors import ConfigError
+from ..fim import fim_stop_tokens, infill_tokens
 from ..stats import Stats
 from .workloads import BUILTIN, Prompt
 
@@ -172,6 +173,13 @@ def messages_for(p: Prompt) -> list[Message]:
     return ([Message("system", p.system)] if p.system else []) + [Message("user", p.prompt)]
 
 
+def prompt_tokens(engine, p: Prompt) -> list[int]:
+    if p.fim is None:
+        return engine.prompt_tokens(messages_for(p))
+    return infill_tokens(engine.target_model, {"input_prefix": p.fim[0], "input_suffix": p.fim[1]}, [],
+                         engine.target.n_ctx, p.max_tokens or 0)
+
+
 class NullProgress:
     def start(self, total: int) -> None:
         pass
@@ -196,7 +204,7 @@ def run_bench(engine, workloads: dict[str, list[Prompt]], settings: list[Setting
     for name, prompts in workloads.items():
         rows = []
         for p in prompts:
-            toks = engine.prompt_tokens(messages_for(p))
+            toks = prompt_tokens(engine, p)
             budget = min(opts.max_tokens, p.max_tokens or opts.max_tokens)
             if len(toks) + budget + k_max + 1 > n_ctx:
                 raise ConfigError(f"prompt {p.id!r} ({name}) is {len(toks)} tokens; with {budget} new tokens "
@@ -223,8 +231,9 @@ def run_bench(engine, workloads: dict[str, list[Prompt]], settings: list[Setting
     return results
 
 
-def _gen_config(setting: Setting | None, opts: Options, budget: int, seed: int) -> GenConfig:
-    cfg = GenConfig(temperature=opts.temperature, seed=seed, max_tokens=budget)
+def _gen_config(setting: Setting | None, opts: Options, budget: int, seed: int,
+                stop_tokens: frozenset[int] = frozenset()) -> GenConfig:
+    cfg = GenConfig(temperature=opts.temperature, seed=seed, max_tokens=budget, stop_tokens=stop_tokens)
     if setting is None:
         return cfg.with_(spec="off")
     return cfg.with_(spec=setting.spec, drafter=setting.drafter, draft_max=setting.k,
@@ -246,10 +255,11 @@ def _warmup(engine, toks: list[int], settings: list[Setting], opts: Options) -> 
 
 def _run_prompt(engine, p: Prompt, toks, budget, r, order, every, opts, progress, workload) -> list[Run]:
     seed = opts.seed + r  # the same seed for A and B: under sampling they draw from the same stream start
+    stop = fim_stop_tokens(engine.target_model) if p.fim else frozenset()
     runs: list[Run] = []
     for s in schedule(order, every):
         progress.step(f"{workload} {p.id} {'plain' if s is None else s.label}")
-        chunks = list(engine.generate(toks, _gen_config(s, opts, budget, seed)))
+        chunks = list(engine.generate(toks, _gen_config(s, opts, budget, seed, stop)))
         runs.append(Run(p.id, r, s, engine.last_stats, "".join(c.text for c in chunks)))
     plain_idx = [i for i, x in enumerate(runs) if x.setting is None]
     ref = runs[0].text
@@ -340,6 +350,9 @@ def summarize_setting(setting: Setting, runs: list[Run], prompts: list[Prompt], 
             "acceptance_rate": (sum(r.stats.accepted for r in rs) / sum(r.stats.drafted for r in rs)
                                 if sum(r.stats.drafted for r in rs) else None),
             "identical": None if rs[0].identical is None else all(r.identical for r in rs),
+            "latency_s": statistics.median([r.stats.total_s for r in rs]),
+            "reference_match": (None if p.reference is None else
+                                sum(_same_code(r.text, p.reference) for r in rs) / len(rs)),
         })
     pooled = pool_stats([r.stats for r in mine])
     timed = [r for r in mine if r.baseline_tps]
@@ -362,9 +375,18 @@ def summarize_setting(setting: Setting, runs: list[Run], prompts: list[Prompt], 
         "ratio_pooled": ratio_pooled,
         "predicted": {"leviathan": lev, "rounds": rounds},
         "identical_outputs": ({"same": sum(identical), "of": len(identical)} if identical else None),
+        "latency_s": spread([x["latency_s"] for x in per_prompt]),
+        "reference_match": spread([x["reference_match"] for x in per_prompt]),
         "pooled": pooled,
         "per_prompt": per_prompt,
     }
+
+
+def _same_code(text: str, reference: str) -> bool:
+    """The completion reproduces the cut lines (trailing whitespace aside)."""
+    def norm(s: str) -> list[str]:
+        return [ln.rstrip() for ln in s.strip("\n").splitlines()]
+    return norm(text)[:len(norm(reference))] == norm(reference)
 
 
 def summarize_workload(name: str, prompts: list[Prompt], runs: list[Run], settings: list[Setting],
@@ -374,12 +396,16 @@ def summarize_workload(name: str, prompts: list[Prompt], runs: list[Run], settin
     for p in prompts:
         rs = [r for r in plain if r.prompt == p.id]
         plain_pp.append({"id": p.id, "tps": statistics.median([r.tps for r in rs]), "runs": len(rs),
-                         "tokens": statistics.median([r.stats.tokens for r in rs])})
+                         "tokens": statistics.median([r.stats.tokens for r in rs]),
+                         "latency_s": statistics.median([r.stats.total_s for r in rs]),
+                         "reference_match": (None if p.reference is None else
+                                             sum(_same_code(r.text, p.reference) for r in rs) / len(rs))})
     return {
         "workload": name,
         "description": BUILTIN.get(name, "user prompts (--prompts)"),
         "prompts": [p.id for p in prompts],
         "plain": {"tps": spread([x["tps"] for x in plain_pp if x["tps"] > 0]), "pooled": pool_stats([r.stats for r in plain]),
-                  "per_prompt": plain_pp},
+                  "latency_s": spread([x["latency_s"] for x in plain_pp]),
+                  "reference_match": spread([x["reference_match"] for x in plain_pp]), "per_prompt": plain_pp},
         "settings": [summarize_setting(s, runs, prompts, costs) for s in settings],
     }

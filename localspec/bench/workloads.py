@@ -26,7 +26,11 @@ BUILTIN = {
     "support": "customer-support replies filling in a fixed template",
     "docqa": "summarization and question answering over a supplied document, with quotes",
     "extract": "structured JSON extraction from free text",
+    "fim": "code completion in the middle of Python's standard-library functions (FIM, the real lines as reference)",
 }
+
+# what runs without --workloads (and with "all"): `fim` needs a model with FIM tokens, so it is named
+CHAT_WORKLOADS = [w for w in BUILTIN if w != "fim"]
 
 FIELDS = {"id": str, "workload": str, "prompt": str, "system": str, "max_tokens": int}
 
@@ -38,6 +42,8 @@ class Prompt:
     prompt: str
     system: str | None = None
     max_tokens: int | None = None
+    fim: tuple[str, str] | None = None  # (prefix, suffix): a fill-in-the-middle prompt instead of a chat
+    reference: str | None = None  # the real middle, for fim prompts
 
 
 def parse_line(line: str, where: str, default_workload: str | None = None) -> Prompt:
@@ -92,6 +98,11 @@ def parse_jsonl(text: str, name: str, default_workload: str | None = None) -> li
 
 
 def load_builtin(name: str) -> list[Prompt]:
+    if name == "fim":
+        from .fimcode import fim_prompts
+
+        return [Prompt(p["id"], "fim", f"complete the middle of {p['where']}", max_tokens=64,
+                       fim=(p["prefix"], p["suffix"]), reference=p["reference"]) for p in fim_prompts()]
     text = resources.files("localspec").joinpath("workloads", f"{name}.jsonl").read_text(encoding="utf-8")
     prompts = parse_jsonl(text, f"workloads/{name}.jsonl")
     bad = [p.id for p in prompts if p.workload != name]
@@ -131,9 +142,9 @@ def select(workloads: str | None, user_files: list[str], per_workload: int) -> d
     if workloads:
         names = [w.strip() for w in workloads.split(",") if w.strip()]
         if "all" in names:
-            names = [*BUILTIN, *[w for w in user if w not in BUILTIN]]
+            names = [*CHAT_WORKLOADS, *[w for w in user if w not in BUILTIN], *[n for n in names if n != "all"]]
     else:
-        names = list(user) if user else list(BUILTIN)
+        names = list(user) if user else list(CHAT_WORKLOADS)
     if not names:
         raise ConfigError("--workloads is empty; name one or more of " + ", ".join(BUILTIN))
     out: dict[str, list[Prompt]] = {}

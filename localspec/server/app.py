@@ -23,8 +23,9 @@ from starlette.responses import (
 from starlette.routing import Route
 
 from ..engine import Message
+from ..fim import FimUnsupported, fim_stop_tokens, infill_tokens, require_fim
 from . import shapes
-from .infill import check_infill_body, fim_stop_tokens, infill_tokens, require_fim
+from .infill import check_infill_body
 from .protocol import (
     ApiError,
     Extras,
@@ -248,7 +249,10 @@ async def completion_native(request: Request, state: ServerState) -> Response:
 
 
 async def infill(request: Request, state: ServerState) -> Response:
-    require_fim(state.server.model.fim_tokens())
+    try:
+        require_fim(state.server.model.fim_tokens())
+    except FimUnsupported as e:
+        raise ApiError(501, str(e))
     body = await _body(request, state)
     extra = check_infill_body(body)
     cfg, extras = gen_settings(body, state.server.session.gen, oai=False)

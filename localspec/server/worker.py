@@ -19,8 +19,10 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable
 
+from ..costmodel import depth_bucket, measure_at_depth
 from ..errors import ContextFullError, LocalspecError
 from ..session import Session
+from ..tuning import profile_path
 from .infill import LineLimits
 from .metrics import Metrics
 from .protocol import ApiError, Extras
@@ -89,9 +91,27 @@ class ServerSession:
             try:
                 with self.busy:
                     self._serve(job)
+                    if self.jobs.empty():
+                        self._measure_depth()
             finally:
                 self.metrics.processing = 0
                 self._current = None
+
+    def _measure_depth(self) -> None:
+        """While idle, price passes at the depth the last request ran at, once per depth bucket, so
+        auto's choices hold for long prompts (FIM with extra context runs thousands of tokens deep).
+        Uses the cache as the request left it; gives up as soon as another request arrives."""
+        prof = self.engine.profile
+        depth = len(self.engine.target.tokens)
+        bucket = depth_bucket(depth)
+        if prof is None or bucket is None or any(depth_bucket(int(d)) == bucket for d in prof.by_depth):
+            return
+        tv = measure_at_depth(self.engine.target, min(len(prof.t_verify), 9), repeats=2,
+                              should_stop=lambda: not self.jobs.empty())
+        if tv:
+            prof.by_depth[str(depth)] = tv
+            if prof.key:
+                prof.save(profile_path(prof.key))
 
     def _serve(self, job: Job) -> None:
         engine = self.engine
