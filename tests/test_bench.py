@@ -333,7 +333,8 @@ def test_schedule_alternates_plain_and_speculative_runs():
 
 
 def test_shipped_workloads():
-    assert list(wl.BUILTIN) == ["chat", "code", "edit", "support", "docqa", "extract"]
+    assert list(wl.BUILTIN) == ["chat", "code", "edit", "support", "docqa", "extract", "fim"]
+    assert wl.CHAT_WORKLOADS == ["chat", "code", "edit", "support", "docqa", "extract"]  # fim runs when named
     all_ids = set()
     for name in wl.BUILTIN:
         prompts = wl.load_builtin(name)
@@ -347,7 +348,8 @@ def test_shipped_workloads():
     assert all("Document:" in p.prompt and len(p.prompt) > 1000 for p in wl.load_builtin("docqa"))
     chosen = wl.select("edit,docqa", [], 3)
     assert list(chosen) == ["edit", "docqa"] and all(len(v) == 3 for v in chosen.values())
-    assert sum(len(v) for v in wl.select(None, [], 0).values()) == sum(len(wl.load_builtin(n)) for n in wl.BUILTIN)
+    assert sum(len(v) for v in wl.select(None, [], 0).values()) == sum(len(wl.load_builtin(n)) for n in wl.CHAT_WORKLOADS)
+    assert list(wl.select("all,fim", [], 1)) == [*wl.CHAT_WORKLOADS, "fim"]
 
 
 def test_list_workloads(capsys):

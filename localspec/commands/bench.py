@@ -296,7 +296,7 @@ def _command_line(args, settings) -> str:
 def _list_workloads(args) -> int:
     from ..bench import workloads as wl
 
-    chosen = wl.select(args.workloads or "all", args.prompts, 0)
+    chosen = wl.select(args.workloads or ",".join(["all", *wl.BUILTIN]), args.prompts, 0)
     for name, prompts in chosen.items():
         print(f"{name} ({len(prompts)} prompts): {wl.BUILTIN.get(name, 'user prompts')}")
         for p in prompts:
