@@ -2,7 +2,8 @@
 
 - `DraftModel`: a small model with its own context. Its KV cache is kept in step with the
   confirmed text: each round it drops the rejected tail and evaluates only the tokens confirmed
-  since the last round (usually 1-2), never the whole prompt again.
+  since the last round (usually 1-2), never the whole prompt again. The prompt itself is
+  evaluated in the first round that drafts with the model, not before.
 - `NgramDrafter` (prompt lookup): finds the latest earlier occurrence of the sequence's last
   n tokens (prompt, conversation or output) and proposes what followed it. An index of n-gram ->
   latest position makes each lookup O(1); no model call, so a draft costs ~nothing.
@@ -39,8 +40,10 @@ class DraftModel:
         self.ctx, self.cfg, self.rng = ctx, cfg, rng
 
     def begin(self, seq: list[int]) -> None:
-        """Prefill the draft's cache with the prompt (reusing what it already holds)."""
-        self.ctx.sync(seq[:-1])
+        """Nothing up front: the draft's cache catches up with the text in the first round that
+        drafts with the model (reusing what it already holds), so a prompt that auto never drafts
+        for with the model (every prompt on a CPU, where the model draft cannot pay) costs only the
+        target's prompt evaluation."""
 
     def propose(self, seq: list[int], room: int, policy) -> Draft:
         ctx, cfg = self.ctx, self.cfg
