@@ -54,3 +54,31 @@ def test_real_pair_speculative_greedy_matches_plain_up_to_near_ties(real_pair):
     e.close()
     assert report["verdict"] == "OK", report
     assert report["noise"] < 2.0  # measured ~0.6 logit on this target
+
+
+@pytest.mark.realpair
+def test_real_pair_served_to_an_editor_and_an_openai_client(real_pair, tmp_path):
+    """The server on the real pair: llama.vim's FIM request completes real code, drafts pay off when
+    the same completion is asked for again, and the openai package chats."""
+    import httpx
+    import openai
+    from serverproc import ServerProcess
+    from test_server import VIM_FIM
+
+    target, draft = real_pair
+    srv = ServerProcess(["--target", str(target), "--draft", str(draft), "-c", "2048"], tmp_path)
+    try:
+        body = {**VIM_FIM, "input_prefix": "def fibonacci(n):\n    \"\"\"Return the n-th Fibonacci number.\"\"\"\n",
+                "input_suffix": "\n\nprint(fibonacci(10))\n", "prompt": "    ", "n_indent": 4, "temperature": 0,
+                "samplers": ["top_k", "top_p", "temperature"], "response_fields": []}
+        first = httpx.post(srv.url + "/infill", json=body, timeout=300).json()
+        assert "return" in first["content"] and first["stop_type"] in ("eos", "limit")
+        again = httpx.post(srv.url + "/infill", json=body, timeout=300).json()
+        assert again["timings"]["cache_n"] > first["timings"]["cache_n"]  # the prompt came from the cache
+        assert again["timings"]["prompt_n"] <= 1
+        client = openai.OpenAI(base_url=srv.url + "/v1", api_key="none", max_retries=0)
+        r = client.chat.completions.create(model="qwen2.5-coder-1.5b-instruct-q4_k_m", max_tokens=24, temperature=0,
+                                           messages=[{"role": "user", "content": "Write a haiku about caches"}])
+        assert r.choices[0].message.content.strip() and r.model_extra["timings"]["predicted_n"] > 0
+    finally:
+        assert srv.stop() == 0, srv.output()

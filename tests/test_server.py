@@ -290,3 +290,17 @@ def test_serve_refuses_other_addresses_without_a_key(tiny, tmp_path):
     assert r.returncode == 2 and r.stdout == ""
     assert r.stderr.startswith("error: --host 0.0.0.0 would let other machines use the models; add --api-key")
     assert r.stderr.count("\n") == 1
+
+
+def test_continue_llama_cpp_provider_request(server):
+    """Continue's `llama.cpp` provider (core/llm/llms/LlamaCpp.ts): POST {apiBase}completion, streamed,
+    `Authorization: Bearer undefined` when no key is set, the text read from each event's `content`."""
+    body = {"prompt": "def parse the csv file", "stream": True, "n_predict": 16, "frequency_penalty": 0,
+            "presence_penalty": 0, "min_p": 0.05, "mirostat": 0, "stop": ["\n\n"], "top_k": 40, "top_p": 0.95,
+            "temperature": 0.01}
+    with httpx.stream("POST", server.url + "/completion", json=body, timeout=60,
+                      headers={"Authorization": "Bearer undefined"}) as r:
+        assert r.status_code == 200
+        events = [json.loads(ln[6:]) for ln in r.iter_lines() if ln.startswith("data: ")]
+    text = "".join(e["content"] for e in events if e.get("content"))
+    assert events[-1]["stop"] is True and events[-1]["tokens_predicted"] <= 16 and "\n\n" not in text
