@@ -226,7 +226,7 @@ def completion_lines(w: dict) -> list[str]:
     for s in rows:
         ref = s.get("reference_match")
         out.append(f"    {s['setting']['label']:<22} {fspread(s['latency_s'], 2)} s"
-                   + (f"; same as the source {100 * ref['median']:.0f}% (median)" if ref else ""))
+                   + (f"; the real lines in {ref['same']:g} of {ref['of']} prompts" if ref else ""))
     return out
 
 

@@ -376,10 +376,16 @@ def summarize_setting(setting: Setting, runs: list[Run], prompts: list[Prompt], 
         "predicted": {"leviathan": lev, "rounds": rounds},
         "identical_outputs": ({"same": sum(identical), "of": len(identical)} if identical else None),
         "latency_s": spread([x["latency_s"] for x in per_prompt]),
-        "reference_match": spread([x["reference_match"] for x in per_prompt]),
+        "reference_match": _matches(per_prompt),
         "pooled": pooled,
         "per_prompt": per_prompt,
     }
+
+
+def _matches(per_prompt: list[dict]) -> dict | None:
+    """Runs (pooled over prompts) whose completion reproduces the real lines: {"same", "of"}."""
+    shares = [x["reference_match"] for x in per_prompt if x["reference_match"] is not None]
+    return {"same": round(sum(shares), 2), "of": len(shares)} if shares else None
 
 
 def _same_code(text: str, reference: str) -> bool:
@@ -406,6 +412,6 @@ def summarize_workload(name: str, prompts: list[Prompt], runs: list[Run], settin
         "prompts": [p.id for p in prompts],
         "plain": {"tps": spread([x["tps"] for x in plain_pp if x["tps"] > 0]), "pooled": pool_stats([r.stats for r in plain]),
                   "latency_s": spread([x["latency_s"] for x in plain_pp]),
-                  "reference_match": spread([x["reference_match"] for x in plain_pp]), "per_prompt": plain_pp},
+                  "reference_match": _matches(plain_pp), "per_prompt": plain_pp},
         "settings": [summarize_setting(s, runs, prompts, costs) for s in settings],
     }
