@@ -114,8 +114,9 @@ def measure_costs(engine, n_max: int = 8, repeats: int = 5, warmup: int = 2, att
     prompt = engine.target_model.tokenize("def fibonacci(n):\n    \"\"\"Return the n-th Fibonacci number.\"\"\"\n", True)
     prompt = (prompt * 8)[:128]
     tgt.sync(prompt)
-    if engine.draft_ctx is not None:
-        engine.draft_ctx.sync(prompt)
+    draft = engine.load_draft()  # T_draft is part of the profile: auto needs it to judge the model draft
+    if draft is not None:
+        draft.sync(prompt)
 
     def one_pass(ctx, n: int) -> float:
         base = len(ctx.tokens)
@@ -132,8 +133,8 @@ def measure_costs(engine, n_max: int = 8, repeats: int = 5, warmup: int = 2, att
                 dt = one_pass(tgt, n)
                 if r >= warmup:
                     samples.setdefault(("t", n), []).append(dt)
-            if engine.draft_ctx is not None:
-                dt = one_pass(engine.draft_ctx, 1)
+            if draft is not None:
+                dt = one_pass(draft, 1)
                 if r >= warmup:
                     samples.setdefault(("d", 1), []).append(dt)
         t_verify = [statistics.median(samples[("t", n)]) for n in range(1, n_max + 1)]

@@ -36,8 +36,16 @@ class Draft:
 class DraftModel:
     name = "model"
 
-    def __init__(self, ctx: Context, cfg: GenConfig, rng: np.random.Generator):
-        self.ctx, self.cfg, self.rng = ctx, cfg, rng
+    def __init__(self, ctx_source, cfg: GenConfig, rng: np.random.Generator):
+        """ctx_source: the draft's Context, or a callable giving it (the engine loads it on demand)."""
+        self._source = ctx_source
+        self.cfg, self.rng = cfg, rng
+
+    @property
+    def ctx(self) -> Context:
+        if callable(self._source):
+            self._source = self._source()
+        return self._source
 
     def begin(self, seq: list[int]) -> None:
         """Nothing up front: the draft's cache catches up with the text in the first round that
@@ -46,10 +54,11 @@ class DraftModel:
         target's prompt evaluation."""
 
     def propose(self, seq: list[int], room: int, policy) -> Draft:
-        ctx, cfg = self.ctx, self.cfg
+        cfg = self.cfg
         k = policy.k_for(self.name, min(cfg.draft_max, room))
         if k == 0:
             return Draft(source=self.name)
+        ctx = self.ctx  # the first round that drafts with the model loads it
         # roll back to the confirmed text, then evaluate what was confirmed since last round
         ctx.truncate(min(common_prefix(ctx.tokens, seq), len(seq) - 1))
         logits = ctx.eval(seq[len(ctx.tokens):], logits="last")[0]

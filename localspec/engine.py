@@ -7,6 +7,7 @@ Nothing here prints: stats are data, the CLI and the chat app decide what to sho
 
 from __future__ import annotations
 
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -89,23 +90,40 @@ class Engine:
     """A loaded target (and optional draft model), ready to generate."""
 
     def __init__(self, target_path: str | Path, draft_path: str | Path | None = None,
-                 load: LoadConfig | None = None, profile=None):
+                 load: LoadConfig | None = None, profile=None, lazy_draft: bool = False):
+        """lazy_draft: load the draft model only when a round first drafts with it (the caller has
+        checked the pair's compatibility already, from the GGUF headers); otherwise load it now."""
         self.load = load = load or LoadConfig()
         self.target_model = Model(target_path, load.n_gpu_layers_target, load.rpc_servers, mmap=load.mmap)
-        self.draft_model = None
-        self.draft_ctx = None
-        if draft_path:
-            self.draft_model = Model(draft_path, load.n_gpu_layers_draft, mmap=load.mmap)
-            require_compatible(self.target_model.vocab_info(), self.draft_model.vocab_info())
+        self.draft_path = Path(draft_path) if draft_path else None
+        self.draft_model: Model | None = None
+        self.draft_ctx: Context | None = None
+        self._draft_lock = threading.Lock()
         self.target = Context(self.target_model, load.n_ctx, load.n_batch, load.n_threads, load.n_threads_batch)
-        if self.draft_model:
-            self.draft_ctx = Context(self.draft_model, load.n_ctx, load.n_batch, load.n_threads, load.n_threads_batch)
+        if self.draft_path and not lazy_draft:
+            self.load_draft()
         self.profile = profile  # measured pass costs (costmodel.CostProfile) for --spec auto
         self.ngram = NgramDrafter()
         # a server's n-gram drafter also looks in its earlier requests and answers; off for one-shot
         # runs and for the bench, whose A/B runs repeat each prompt and must not draft from each other
         self.remember_generations = False
         self.last_stats: Stats | None = None
+
+    def load_draft(self) -> Context | None:
+        """The draft model's context, loading the model the first time (thread-safe: the chat app
+        loads it in the background while the first reply runs)."""
+        with self._draft_lock:
+            if self.draft_ctx is None and self.draft_path is not None:
+                load = self.load
+                model = Model(self.draft_path, load.n_gpu_layers_draft, mmap=load.mmap)
+                try:
+                    require_compatible(self.target_model.vocab_info(), model.vocab_info())
+                    self.draft_ctx = Context(model, load.n_ctx, load.n_batch, load.n_threads, load.n_threads_batch)
+                except BaseException:
+                    model.close()
+                    raise
+                self.draft_model = model
+            return self.draft_ctx
 
     # --- prompts ----------------------------------------------------------------------------
     def chat_template(self) -> str | None:
@@ -132,7 +150,7 @@ class Engine:
 
     # --- generation -------------------------------------------------------------------------
     def make_drafter(self, cfg: GenConfig, rng):
-        model = DraftModel(self.draft_ctx, cfg, rng) if self.draft_ctx else None
+        model = DraftModel(self.load_draft, cfg, rng) if self.draft_path else None
         self.ngram.n_min, self.ngram.n_max = cfg.ngram_min, cfg.ngram_max
         self.ngram.k_max = cfg.ngram_draft_max if cfg.spec == "auto" else cfg.draft_max
         if cfg.drafter == "model":
@@ -159,7 +177,7 @@ class Engine:
         profile = self.profile.at_depth(len(prompt)) if self.profile is not None else None
         policy = make_policy(cfg, profile, drafter) if drafter else FixedK(0)
         stats.spec_mode = cfg.spec if drafter else "off"
-        decode_before = tgt.decode_s + (self.draft_ctx.decode_s if self.draft_ctx else 0.0)
+        decode_before = tgt.decode_s + self._draft_decode_s()
 
         t0 = time.perf_counter()
         stats.prompt_eval_tokens = tgt.sync(seq[:-1])  # reuses the cached prefix of a conversation
@@ -194,7 +212,7 @@ class Engine:
             if self.remember_generations:  # later requests may repeat this text: let n-gram drafts find it
                 self.ngram.remember(seq)
             stats.generation_s = time.perf_counter() - t_gen
-            stats.decode_s = tgt.decode_s + (self.draft_ctx.decode_s if self.draft_ctx else 0.0) - decode_before
+            stats.decode_s = tgt.decode_s + self._draft_decode_s() - decode_before
             stats.policy = policy.describe()
         tail = text.flush()
         if tail:
@@ -209,6 +227,9 @@ class Engine:
         stats.prompt_eval_tokens = self.target.sync(prompt[:-1])
         stats.prompt_eval_s = time.perf_counter() - t0
         return stats
+
+    def _draft_decode_s(self) -> float:
+        return self.draft_ctx.decode_s if self.draft_ctx is not None else 0.0
 
     def complete(self, prompt: list[int], cfg: GenConfig) -> tuple[str, Stats]:
         text = "".join(c.text for c in self.generate(prompt, cfg))

@@ -110,9 +110,15 @@ def gen_config(gen: GenChoice, sel: Selection | None = None) -> GenConfig:
 
 
 def open_engine(sel: Selection, load: LoadConfig):
+    """The target loads now; the draft model when a round first drafts with it (never for --no-spec,
+    --drafter ngram, or auto on a machine where the model draft cannot pay). The pair's compatibility
+    is checked now, from the GGUF headers, so a wrong draft is still one clear error up front."""
     from .engine import Engine
+    from .tuning import check_pair
 
-    return Engine(sel.target, sel.draft, load)
+    if sel.draft:
+        check_pair(Path(sel.target), Path(sel.draft))
+    return Engine(sel.target, sel.draft, load, lazy_draft=True)
 
 
 def ensure_profile(engine, spec: str = "auto", notify: Notify | None = None, remeasure: bool = False):
@@ -151,6 +157,18 @@ class Session:
 
     def ensure_profile(self, notify: Notify | None = None, spec: str | None = None):
         return ensure_profile(self.engine, spec or self.gen.spec, notify)
+
+    def wants_draft(self) -> bool:
+        """Will generation with these settings draft with the model? (then load it early, in the
+        background). Under auto only where the measured costs say a model draft can pay at all."""
+        cfg, engine = self.gen, self.engine
+        if engine.draft_path is None or cfg.spec == "off" or cfg.drafter == "ngram":
+            return False
+        if cfg.spec == "on" or engine.profile is None or not engine.profile.t_draft:
+            return True
+        from .costmodel import best_k
+
+        return best_k(0.95, cfg.draft_max, engine.profile, "model")[1] >= 1.1
 
     def close(self) -> None:
         self.engine.close()

@@ -261,3 +261,43 @@ def test_rpc_servers_need_an_rpc_build(tiny):
         pytest.skip("this llama.cpp build has RPC; nothing listens on the test endpoint")
     with pytest.raises(ModelLoadError, match="GGML_RPC=on"):
         Model(tiny.target, rpc_servers="127.0.0.1:50052")
+
+
+def test_the_draft_model_loads_only_when_a_round_drafts_with_it(tiny):
+    from localspec.session import GenChoice, ModelChoice, Session
+
+    choice = ModelChoice(target=str(tiny.target), draft=str(tiny.perturbed), threads=THREADS, ctx_size=512)
+    s = Session.open(choice, GenChoice(spec="off", max_tokens=8, temperature=0))
+    e = s.engine
+    prompt = e.prompt_tokens(PROMPTS[0])
+    for cfg in (s.gen, greedy(drafter="ngram", max_tokens=8)):
+        list(e.generate(prompt, cfg))
+        assert e.draft_ctx is None and e.draft_model is None  # plain and n-gram runs never load it
+    assert not s.wants_draft()
+    tokens, _, st = run(e, prompt, greedy(drafter="model", max_tokens=16))
+    assert e.draft_ctx is not None and st.drafted_by_drafter.get("model", 0) > 0
+    assert tokens == [c.token for c in load(tiny.target).generate(prompt, greedy(spec="off", max_tokens=16))
+                      if c.token is not None]
+    s.close()
+
+
+def test_an_incompatible_draft_is_refused_before_anything_runs(tiny):
+    from localspec.session import GenChoice, ModelChoice, Session
+
+    with pytest.raises(IncompatiblePairError):
+        Session.open(ModelChoice(target=str(tiny.target), draft=str(tiny.other_vocab), threads=THREADS), GenChoice())
+
+
+def test_quiet_as_a_library_unless_debugging(tiny):
+    import subprocess
+    import sys
+
+    code = (f"from localspec.engine import Engine\nfrom localspec.config import GenConfig\n"
+            f"e = Engine({str(tiny.target)!r}, {str(tiny.same)!r})\n"
+            f"print(len(e.complete(e.prompt_tokens('hello'), GenConfig(max_tokens=4, spec='off'))[0]) >= 0)\n")
+    quiet = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                           env={k: v for k, v in __import__("os").environ.items() if k != "LOCALSPEC_DEBUG"})
+    assert (quiet.returncode, quiet.stdout, quiet.stderr) == (0, "True\n", "")
+    loud = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                          env={**__import__("os").environ, "LOCALSPEC_DEBUG": "1"})
+    assert loud.returncode == 0 and "llama_model_loader" in loud.stderr

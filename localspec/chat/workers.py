@@ -7,6 +7,7 @@ the history itself (`save`), so a reply in flight is kept even while the UI shut
 
 from __future__ import annotations
 
+import threading
 import time
 from pathlib import Path
 from typing import Callable
@@ -42,6 +43,8 @@ def load_session(models: ModelChoice, gen: GenChoice, post: Post) -> Loaded | Lo
 
         session = _open(models, gen, note)
         session.ensure_profile(note)
+        if session.wants_draft():  # in the background: the first reply need not wait for it
+            threading.Thread(target=_load_draft_quietly, args=(session,), name="localspec-draft", daemon=True).start()
     except LocalspecError as e:
         _close_quietly(session)
         return LoadFailed(str(e))
@@ -58,6 +61,13 @@ def _open(models: ModelChoice, gen: GenChoice, note) -> Session:
     size = sum(Path(p).stat().st_size for p in (sel.target, sel.draft) if p and Path(p).is_file())
     note(f"loading {sel.describe()} ({size / 1e9:.2f} GB)")
     return Session.from_selection(sel, models, gen)
+
+
+def _load_draft_quietly(session) -> None:
+    try:
+        session.engine.load_draft()
+    except Exception:  # the first round that drafts with the model loads it again and reports the error
+        pass
 
 
 def _close_quietly(session) -> None:

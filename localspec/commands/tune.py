@@ -89,7 +89,7 @@ def compare_q4_0(engine, sel, load) -> dict:
     from ..quantize import quantize_q4_0
 
     sys.stderr.write("quantizing the draft to Q4_0 (once)...\n")
-    q_path = quantize_q4_0(engine.draft_model.path, threads=load.n_threads)
+    q_path = quantize_q4_0(engine.draft_path, threads=load.n_threads)
     q_engine = Engine(sel.target, q_path, load)
     cfg = GenConfig(temperature=0.0, spec="on", drafter="model", draft_max=4, max_tokens=64)
 
