@@ -59,13 +59,12 @@ async def ready(pilot, app: ChatApp) -> None:
 
 async def send(pilot, app: ChatApp, text: str) -> AssistantMessage:
     """Type `text`, press Enter, wait for the whole reply; return its view."""
-    n = len(app.query(AssistantMessage))
+    n = app.replies
     box = app.query_one(PromptInput)
     box.focus()
     box.load_text(text)
     await pilot.press("enter")
-    await wait_until(pilot, lambda: len(app.query(AssistantMessage)) > n, "the reply to start")
-    await wait_until(pilot, lambda: not app.generating, "the reply to finish")
+    await wait_until(pilot, lambda: app.replies > n, "the reply")
     return list(app.query(AssistantMessage))[-1]
 
 
@@ -377,3 +376,60 @@ def test_a_damaged_history_file_does_not_stop_the_chat(tiny):
             view = await send(pilot, app, "hello world")
             assert view.text and app.store is None
     run(go())
+
+
+def test_a_message_typed_while_loading_is_shown_and_sent_when_ready(tiny, monkeypatch):
+    import threading
+
+    from localspec.chat import workers
+
+    gate = threading.Event()
+    real_open = workers._open
+
+    def slow_open(*a, **kw):
+        gate.wait(30)
+        return real_open(*a, **kw)
+
+    monkeypatch.setattr(workers, "_open", slow_open)
+
+    async def go():
+        app = chat_app(tiny)
+        async with app.run_test(size=SIZE) as pilot:
+            box = app.query_one(PromptInput)
+            box.load_text("hello world")
+            await pilot.press("enter")
+            await wait_until(pilot, lambda: len(app.query(UserMessage)) == 1, "the message on screen")
+            assert app.loading and box.text == "" and any("queued" in n for n in notices(app, "info"))
+            gate.set()
+            await ready(pilot, app)
+            await wait_until(pilot, lambda: len(app.turns) == 2 and not app.generating, "the reply")
+            assert [m.role for m in app.turns] == ["user", "assistant"] and app.turns[0].content == "hello world"
+            assert len(app.query(UserMessage)) == 1 and list(app.query(AssistantMessage))[0].text
+    run(go())
+
+
+def test_two_hundred_turns_slide_through_a_small_context(tiny):
+    import resource
+
+    async def go():
+        app = chat_app(tiny, "--ctx-size", "256", "-n", "12")
+        async with app.run_test(size=SIZE) as pilot:
+            await ready(pilot, app)
+            for i in range(5):
+                await send(pilot, app, f"hello world {i}")
+            rss0 = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+            curve = []
+            for i in range(5, 200):
+                await send(pilot, app, f"the cache of the model {i}")
+                if i % 50 == 49:
+                    curve.append((i + 1, round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)))
+            rss1 = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+            print(f"peak RSS (MB) after turns: 5: {rss0 / 1024:.1f}, " + ", ".join(f"{t}: {m}" for t, m in curve))
+            assert not notices(app, "error")
+            assert app.sliding and sum("leave the model's context" in n for n in notices(app, "info")) <= 1  # said once
+            assert len(app.turns) < 400  # the model sees the recent turns only
+            assert len(app.query(UserMessage)) + len(app.query(AssistantMessage)) <= 200  # the screen keeps the newest
+            assert (rss1 - rss0) / 1024 < 50, f"peak RSS grew {(rss1 - rss0) / 1024:.1f} MB over 195 turns"
+            return app.conversation_id
+    cid = run(go())
+    assert db_rows("SELECT COUNT(*) AS n FROM messages WHERE conversation_id = ?", cid)[0]["n"] == 400

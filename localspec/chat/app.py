@@ -24,6 +24,7 @@ from textual.widgets import Footer, LoadingIndicator, Static
 from ..engine import Message
 from ..errors import LocalspecError
 from ..session import gen_config
+from .context import reply_reserve, turns_to_drop
 from .history import HistoryError, HistoryStore, message_note
 from .messages import (
     Loaded,
@@ -41,6 +42,9 @@ from .state import STATE_AFTER_STOP, State
 from .status import Live, format_status, reply_note
 from .widgets import AssistantMessage, Notice, PromptInput, StatusBar, UserMessage
 from .workers import generate_reply, load_session
+
+
+MAX_VIEWS = 200  # messages and notices kept on screen (older ones stay in the history)
 
 
 class ChatApp(App):
@@ -72,6 +76,9 @@ class ChatApp(App):
         self.last_live: Live | None = None
         self.state = State.LOADING
         self.current: Turn | None = None
+        self.queued: list[tuple[str, UserMessage]] = []  # typed while the model loads: sent when ready
+        self.sliding = False  # the conversation has outgrown the context (old turns are left out)
+        self.replies = 0  # replies finished (or failed) in this session
         self._cancel = threading.Event()
         self._gen_done = threading.Event()
         self._gen_done.set()
@@ -188,12 +195,18 @@ class ChatApp(App):
         await self.say(f"ready in {msg.seconds:.1f} s · " + " · ".join(bits), "ok")
         self.loading = False
         self.refresh_status()
+        await self.send_queued()
 
     async def on_load_failed(self, msg: LoadFailed) -> None:
         await self.fail_load(msg.error)
 
     async def fail_load(self, error: str) -> None:
         self.load_error = error
+        if self.queued:  # nothing typed is lost: the first queued message goes back into the box
+            box = self.prompt_box
+            if not box.text.strip():
+                box.load_text(self.queued[0][0])
+            self.queued.clear()
         self.state = State.NO_MODEL
         await self._remove_loading()
         await self.say(f"could not start: {error}\nFix that and start `localspec chat` again; "
@@ -212,6 +225,9 @@ class ChatApp(App):
 
     async def add_view(self, widget) -> None:
         await self.conv.mount(widget)
+        old = [w for w in self.conv.children if not w.has_class("banner") and w.id != "loading"]
+        if len(old) > MAX_VIEWS:  # a long session keeps its memory flat; the history has every message
+            await self.conv.remove_children(old[:len(old) - MAX_VIEWS])
         self.conv.scroll_end(animate=False)
 
     async def say(self, text: str, kind: str = "info") -> Notice:
@@ -245,9 +261,16 @@ class ChatApp(App):
             return
         if stripped.startswith("//"):  # `//text` sends "/text" literally
             text = text.replace("/", "", 1)
+        if self.engine is None and self.load_error is None:  # still loading: shown now, sent when ready
+            box.remember(text)
+            box.clear()
+            view = UserMessage(text)
+            await self.add_view(view)
+            self.queued.append((text, view))
+            await self.say("queued: it is sent as soon as the model is ready", "info")
+            return
         if self.engine is None:
-            why = self.load_error or "the model is still loading; press Enter again when the status bar says ready"
-            await self.say(f"not sent: {why}", "error")
+            await self.say(f"not sent: {self.load_error}", "error")
             return
         if self.generating:
             await self.say("a reply is still being written; Esc cancels it (your text is kept in the box)", "error")
@@ -256,7 +279,12 @@ class ChatApp(App):
         box.clear()
         await self.send(text)
 
-    async def send(self, text: str) -> None:
+    async def send_queued(self) -> None:
+        if self.queued and self.engine is not None and not self.generating:
+            text, view = self.queued.pop(0)
+            await self.send(text, view)
+
+    async def send(self, text: str, shown: UserMessage | None = None) -> None:
         user_id = reply_id = None
         if self.store is not None:
             try:
@@ -266,7 +294,9 @@ class ChatApp(App):
             except Exception as e:  # the disk is full, the file went away, ...
                 await self.say(f"could not save to the history ({e}); the chat goes on unsaved", "error")
         self.turns.append(Message("user", text))
-        await self.add_view(UserMessage(text))
+        if shown is None:
+            await self.add_view(UserMessage(text))
+        await self._fit_context()
         view = AssistantMessage(provenance=self.provenance)
         await self.add_view(view)
         view.start_stream()
@@ -279,6 +309,19 @@ class ChatApp(App):
         self._gen_done.clear()
         self.refresh_status()
         self._generate(turn, messages, self.cfg.with_(stop=list(self.cfg.stop)))
+
+    async def _fit_context(self) -> None:
+        """Slide the oldest turns out of the model's view when the next reply would not fit."""
+        system = [Message("system", self.system)] if self.system else []
+        n_ctx = self.engine.target.n_ctx
+        drop = turns_to_drop(lambda msgs: len(self.engine.prompt_tokens(msgs)), system, self.turns, n_ctx,
+                             reply_reserve(n_ctx, self.cfg.max_tokens))
+        if drop:
+            self.turns = self.turns[drop:]
+            if not self.sliding:  # said once per conversation, not at every turn
+                self.sliding = True
+                await self.say(f"the oldest messages now leave the model's context ({n_ctx} tokens) as new ones "
+                               "come; the history keeps every one (/new starts afresh)", "info")
 
     def _ensure_conversation(self) -> int:
         if self.conversation_id is None:
@@ -324,6 +367,7 @@ class ChatApp(App):
 
     async def on_reply_done(self, msg: ReplyDone) -> None:
         turn = msg.turn
+        self.replies += 1
         follow = self._at_bottom()
         stop = msg.stats.stop_reason if msg.stats is not None else ""
         self.generating = False
@@ -356,6 +400,7 @@ class ChatApp(App):
         self.refresh_status()
         if follow:
             self.conv.scroll_end(animate=False)
+        await self.send_queued()
 
     # --- actions ------------------------------------------------------------------------------
     def action_cancel(self) -> None:
@@ -433,7 +478,7 @@ class ChatApp(App):
         for w in list(self.conv.children):
             if isinstance(w, (UserMessage, AssistantMessage)):
                 await w.remove()
-        self.turns = []
+        self.turns, self.sliding = [], False
         self.conversation_id = conv.id
         self.system = self.options.gen.system or conv.system  # --system overrides the saved one
         if self.system != conv.system:

@@ -75,7 +75,7 @@ async def _clear(app, rest: str) -> None:
 async def _new(app, rest: str) -> None:
     if app.generating:
         raise ConfigError("a reply is being written; Esc cancels it, then /new")
-    app.turns = []
+    app.turns, app.sliding = [], False
     app.conversation_id = None
     app.last_live = None
     app.system = app.options.gen.system
