@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import ctypes
 import os
+import sys
 import threading
 import time
 from pathlib import Path
@@ -59,6 +60,9 @@ class Model:
             params.use_mmap = mmap
         if rpc_servers:
             add_rpc_servers(rpc_servers)
+        releaser = MappedPageReleaser(self.path) if mmap else None
+        if releaser is not None and releaser.supported:
+            params.progress_callback = releaser.callback
         self.ptr = L.llama_model_load_from_file(str(self.path).encode(), params)
         if not self.ptr:
             raise ModelLoadError(f"llama.cpp could not load {self.path} (truncated, or an architecture "
@@ -304,3 +308,48 @@ def system_info() -> dict:
         "rpc": bool(L.llama_supports_rpc()),
         "system_info": (L.llama_print_system_info() or b"").decode(errors="replace").strip(),
     }
+
+
+class MappedPageReleaser:
+    """A load progress callback that drops this process's mapped pages of the model file as
+    llama.cpp works through it (madvise MADV_DONTNEED, Linux).
+
+    With mmap llama.cpp reads every weight through the mapping and copies the Q4 ones into its
+    repacked CPU layout; the mapped originals would stay resident next to their copies (measured:
+    1.86 GB peak for the 1.5B target vs 1.16 GB with this). The mapping is read-only and shared, so
+    a page dropped here that is needed later (a tensor used in place, like the token embeddings)
+    is simply read back from the page cache: the data never changes."""
+
+    MADV_DONTNEED = 4
+    STEP = 0.02  # release after every 2% of the load
+
+    def __init__(self, path: Path):
+        self.real = os.path.realpath(path)
+        self.ranges: list[tuple[int, int]] | None = None
+        self.last = 0.0
+        self.supported = sys.platform.startswith("linux") and os.path.exists("/proc/self/maps")
+        if self.supported:
+            self.libc = ctypes.CDLL(None, use_errno=True)
+            self.libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+            self.callback = llama().llama_progress_callback(self._progress)  # kept alive with self
+
+    def _progress(self, progress: float, user_data) -> bool:
+        try:
+            if self.ranges is None:
+                self.ranges = self._mapped_ranges()
+            if progress - self.last >= self.STEP or progress >= 1.0:
+                self.last = progress
+                for start, end in self.ranges:
+                    self.libc.madvise(start, end - start, self.MADV_DONTNEED)
+        except Exception:  # never let a memory optimisation break a load
+            self.ranges = []
+        return True  # go on loading
+
+    def _mapped_ranges(self) -> list[tuple[int, int]]:
+        out = []
+        with open("/proc/self/maps") as f:
+            for line in f:
+                if line.rstrip().endswith(self.real):
+                    start, end = (int(x, 16) for x in line.split()[0].split("-"))
+                    out.append((start, end))
+        return out

@@ -33,7 +33,7 @@ class ModelChoice:
     ctx_size: int | None = None
     threads: int | None = None
     n_gpu_layers: int | None = None
-    mmap: bool = False
+    mmap: bool | None = None  # None: LoadConfig's default (mapped)
 
 
 @dataclass
@@ -85,8 +85,8 @@ def load_config(choice: ModelChoice, sel: Selection) -> LoadConfig:
         load.n_ctx = choice.ctx_size
     if choice.threads:
         load.n_threads = load.n_threads_batch = choice.threads
-    if choice.mmap:
-        load.mmap = True
+    if choice.mmap is not None:
+        load.mmap = choice.mmap
     if choice.n_gpu_layers is not None:
         load.n_gpu_layers_target = load.n_gpu_layers_draft = choice.n_gpu_layers
     return load
@@ -107,6 +107,24 @@ def gen_config(gen: GenChoice, sel: Selection | None = None) -> GenConfig:
     if cfg.spec == "on" and cfg.draft_max == 0:
         raise ConfigError("--spec on with -k 0 drafts nothing; use -k 1 or more")
     return cfg
+
+
+def prefetch(path: str) -> None:
+    """Ask the kernel to start reading a model file into the page cache now, in the background
+    (posix_fadvise WILLNEED). On a cold cache the load that follows then waits less for the disk;
+    on a warm one this is a no-op."""
+    import os
+
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return  # the load reports a missing file properly
+    try:
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_WILLNEED)
+    except (OSError, AttributeError):  # not on every platform
+        pass
+    finally:
+        os.close(fd)
 
 
 def open_engine(sel: Selection, load: LoadConfig):
@@ -153,6 +171,8 @@ class Session:
     def from_selection(cls, sel: Selection, models: ModelChoice, gen: GenChoice) -> "Session":
         cfg = gen_config(gen, sel)  # before loading: a bad setting fails fast
         load = load_config(models, sel)
+        if load.mmap:  # the disk starts reading while Python imports llama.cpp and numpy (with read(), the
+            prefetch(sel.target)  # two streams would only compete: measured 5.2 s vs 3.9 s cold)
         return cls(sel, cfg, load, open_engine(sel, load), gen.system)
 
     def ensure_profile(self, notify: Notify | None = None, spec: str | None = None):

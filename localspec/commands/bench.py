@@ -288,8 +288,8 @@ def _command_line(args, settings) -> str:
     for flag, v in (("--threads", args.threads), ("--ctx-size", args.ctx_size), ("-ngl", args.n_gpu_layers)):
         if v is not None:
             parts += [flag, str(v)]
-    if getattr(args, "mmap", False):
-        parts.append("--mmap")
+    if getattr(args, "mmap", None) is False:
+        parts.append("--no-mmap")
     return shlex.join(parts)
 
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import sys
 
-from ..engine import Message
 from ..errors import ConfigError, LocalspecError
 from ..session import Session, gen_config, load_config, open_engine, select_models
 from .common import add_gen_args, add_model_args, gen_choice, model_choice, stderr_note
@@ -69,6 +68,8 @@ def cmd_run(args) -> int:
         code = run_on_server(args, prompt_text, messages)
         if code is not None:
             return code
+    from ..engine import Message
+
     session = Session.open(model_choice(args), gen_choice(args))
     engine, cfg, sel = session.engine, session.gen, session.selection
     prompt = engine.prompt_tokens(prompt_text if args.raw else [Message(r, c) for r, c in messages], raw=args.raw)
@@ -83,7 +84,7 @@ def cmd_run(args) -> int:
 def _load_flags(args) -> dict:
     """Load settings the user gave; a server loaded with other ones is not used."""
     given = {"ctx_size": args.ctx_size, "threads": args.threads, "n_gpu_layers": args.n_gpu_layers,
-             "mmap": True if args.mmap else None}
+             "mmap": args.mmap}
     return {k: v for k, v in given.items() if v is not None}
 
 

@@ -17,7 +17,7 @@ from .common import (
 
 
 def register(sub) -> None:
-    from ..server.runner import DEFAULT_PORT
+    from ..server import DEFAULT_PORT
 
     p = sub.add_parser(
         "serve", help="serve the pair over HTTP (OpenAI /v1, llama-server's /completion and /infill)",

@@ -42,7 +42,7 @@ class Endpoint:
 
 def configured_endpoint() -> Endpoint:
     """LOCALSPEC_SERVER (a URL or host:port), else the default port on loopback."""
-    from .runner import DEFAULT_PORT
+    from . import DEFAULT_PORT
 
     raw = os.environ.get("LOCALSPEC_SERVER", "").strip()
     key = os.environ.get("LOCALSPEC_API_KEY") or None

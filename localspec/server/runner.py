@@ -12,10 +12,10 @@ from typing import Callable
 
 from ..errors import ConfigError, LocalspecError
 from ..session import GenChoice, ModelChoice, Session
+from . import DEFAULT_PORT  # noqa: F401  (re-exported for the CLI)
 from .app import ServerState, create_app
 from .worker import ServerSession
 
-DEFAULT_PORT = 8012  # llama.vim's and llama.vscode's default endpoint: editors work with no setting
 UNLIMITED_TOKENS = 1 << 30  # like llama-server's n_predict -1: until EOS, a stop, or the context is full
 
 
