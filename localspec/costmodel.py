@@ -101,20 +101,23 @@ def best_k(alpha: float | list[float], k_max: int, costs: CostProfile, source: s
     return best, best_rate * costs.t_decode
 
 
-def measure_costs(engine, n_max: int = 8, repeats: int = 5, warmup: int = 2, attempts: int = 3) -> CostProfile:
+def measure_costs(engine, n_max: int = 8, repeats: int = 5, warmup: int = 2, attempts: int = 3, depth: int = 128,
+                  load_draft: bool = True) -> CostProfile:
     """Time T_decode, T_verify(n) for n = 1..n_max and T_draft on the loaded pair (a few seconds).
 
     The pass sizes are interleaved (1, 2, ..., n_max, 1, 2, ...) so a burst of load from another
     process hits all of them alike, and each figure is a median over `repeats`. Every pass runs at
     the same depth and is rolled back. A profile that is implausible (a pass over more tokens
-    cheaper than over fewer, beyond noise) is measured again, up to `attempts` times in all."""
+    cheaper than over fewer, beyond noise) is measured again, up to `attempts` times in all.
+    Without `load_draft`, a draft model not loaded yet is not loaded for this: its cost is estimated
+    from the file sizes (decoding reads every weight once), marked in `extra`, until `localspec tune`."""
     from datetime import datetime, timezone
 
     tgt = engine.target
     prompt = engine.target_model.tokenize("def fibonacci(n):\n    \"\"\"Return the n-th Fibonacci number.\"\"\"\n", True)
-    prompt = (prompt * 8)[:128]
+    prompt = (prompt * (depth // max(1, len(prompt)) + 1))[:depth]
     tgt.sync(prompt)
-    draft = engine.load_draft()  # T_draft is part of the profile: auto needs it to judge the model draft
+    draft = engine.load_draft() if load_draft else engine.draft_ctx  # auto needs T_draft to judge the model draft
     if draft is not None:
         draft.sync(prompt)
 
@@ -141,7 +144,11 @@ def measure_costs(engine, n_max: int = 8, repeats: int = 5, warmup: int = 2, att
         t_draft = statistics.median(samples[("d", 1)]) if ("d", 1) in samples else None
         if plausible(t_verify):
             break
-    return CostProfile(t_decode=t_verify[0], t_verify=t_verify, t_draft=t_draft,
+    extra = {}
+    if t_draft is None and engine.draft_path is not None:
+        ratio = engine.draft_path.stat().st_size / engine.target_model.path.stat().st_size
+        t_draft, extra = t_verify[0] * ratio, {"t_draft": "estimated from file sizes"}
+    return CostProfile(t_decode=t_verify[0], t_verify=t_verify, t_draft=t_draft, depth=depth, extra=extra,
                        measured_at=datetime.now(timezone.utc).isoformat(timespec="seconds"))
 
 

@@ -139,18 +139,20 @@ def open_engine(sel: Selection, load: LoadConfig):
     return Engine(sel.target, sel.draft, load, lazy_draft=True)
 
 
-def ensure_profile(engine, spec: str = "auto", notify: Notify | None = None, remeasure: bool = False):
+def ensure_profile(engine, spec: str = "auto", notify: Notify | None = None, remeasure: bool = False,
+                   measure: bool = True):
     """Give the engine its measured pass costs. Under --spec auto they are required: reuse the stored
-    profile of this (pair, device, threads) or measure one (saying so through `notify`); with
-    `remeasure` measure again. Otherwise only a stored one is attached (the chat's speedup estimate)."""
+    profile of this (pair, device, threads) or measure one (saying so through `notify`; a quick one,
+    ~2 s, the first time; `localspec tune` measures the full one); with `remeasure` measure the full
+    one again. Otherwise, or with measure=False, only a stored one is attached."""
     from .tuning import load_profile, tune
 
     if remeasure or (spec == "auto" and engine.profile is None):
         prof = None if remeasure else load_profile(engine)
-        if prof is None:
+        if prof is None and measure:
             if notify is not None:
                 notify(MEASURING_NOTE)
-            prof = tune(engine)
+            prof = tune(engine, quick=not remeasure)
         engine.profile = prof
     elif engine.profile is None:
         engine.profile = load_profile(engine)
@@ -175,8 +177,8 @@ class Session:
             prefetch(sel.target)  # two streams would only compete: measured 5.2 s vs 3.9 s cold)
         return cls(sel, cfg, load, open_engine(sel, load), gen.system)
 
-    def ensure_profile(self, notify: Notify | None = None, spec: str | None = None):
-        return ensure_profile(self.engine, spec or self.gen.spec, notify)
+    def ensure_profile(self, notify: Notify | None = None, spec: str | None = None, measure: bool = True):
+        return ensure_profile(self.engine, spec or self.gen.spec, notify, measure=measure)
 
     def wants_draft(self) -> bool:
         """Will generation with these settings draft with the model? (then load it early, in the
@@ -184,8 +186,10 @@ class Session:
         cfg, engine = self.gen, self.engine
         if engine.draft_path is None or cfg.spec == "off" or cfg.drafter == "ngram":
             return False
-        if cfg.spec == "on" or engine.profile is None or not engine.profile.t_draft:
+        if cfg.spec == "on":
             return True
+        if engine.profile is None or not engine.profile.t_draft:
+            return False  # auto without measured costs decodes plainly until it has them
         from .costmodel import best_k
 
         return best_k(0.95, cfg.draft_max, engine.profile, "model")[1] >= 1.1

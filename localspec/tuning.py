@@ -42,17 +42,26 @@ def profile_path(key: str):
     return paths.profiles_dir() / (hashlib.sha256(key.encode()).hexdigest()[:16] + ".json")
 
 
+QUICK_N_MAX = 6  # auto extrapolates longer verification passes linearly from the last two
+
+
 def load_profile(engine) -> CostProfile | None:
     key = profile_key(engine)
     prof = CostProfile.load(profile_path(key))
     return prof if prof and prof.key == key else None
 
 
-def tune(engine, n_max: int = 12, repeats: int = 3, warmup: int = 1) -> CostProfile:
+def tune(engine, n_max: int = 12, repeats: int = 3, warmup: int = 1, quick: bool = False) -> CostProfile:
     """Measure this engine's pass costs and store them as the profile of its (pair, device, threads):
-    the one way a profile is made (`localspec tune`, `bench --costs --save`, auto's first run)."""
+    the one way a profile is made (`localspec tune`, `bench --costs --save`, auto's first run).
+    quick: auto's first run, which must not keep anyone waiting (~2 s here): fewer, shallower passes,
+    and a draft model not loaded yet is priced from its size instead of being loaded to be timed."""
     key = profile_key(engine)
-    prof = measure_costs(engine, n_max=n_max, repeats=repeats, warmup=warmup)
+    if quick:
+        prof = measure_costs(engine, n_max=QUICK_N_MAX, repeats=2, warmup=1, depth=32, load_draft=False)
+        prof.extra["quick"] = True
+    else:
+        prof = measure_costs(engine, n_max=n_max, repeats=repeats, warmup=warmup)
     prof.key = key
     prof.save(profile_path(key))
     return prof

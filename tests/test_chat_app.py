@@ -335,9 +335,13 @@ def test_spec_auto_measures_costs_and_estimates_the_speedup(tiny):
         app = chat_app(tiny, "--spec", "auto")
         async with app.run_test(size=SIZE) as pilot:
             await ready(pilot, app)
-            assert app.engine.profile is not None  # measured while loading, saved in the data dir
+            assert app.engine.profile is None  # ready without measuring: nobody waits for it
+            first = await send(pilot, app, "write the code")
+            assert first.text and app.last_stats.spec_mode == "off"  # the first reply runs plain ...
+            assert app.engine.profile is not None  # ... and the pass costs are measured right after it
             assert list(paths.profiles_dir().glob("*.json"))
             await send(pilot, app, "write the code")
+            assert app.last_stats.spec_mode == "auto"
             bar = status_text(app)
             # a profile measured on a busy machine can be implausible; the bar says so instead of guessing
             assert re.search(r"≈[0-9.]+× vs plain \(est\.\)|speedup n/a \(noisy cost profile", bar), bar

@@ -42,9 +42,8 @@ def load_session(models: ModelChoice, gen: GenChoice, post: Post) -> Loaded | Lo
             post(LoadStep(text.rstrip(".")))
 
         session = _open(models, gen, note)
-        session.ensure_profile(note)
-        if session.wants_draft():  # in the background: the first reply need not wait for it
-            threading.Thread(target=_load_draft_quietly, args=(session,), name="localspec-draft", daemon=True).start()
+        session.ensure_profile(note, measure=False)  # a stored profile only: no one waits for a measurement
+        load_draft_in_background(session)
     except LocalspecError as e:
         _close_quietly(session)
         return LoadFailed(str(e))
@@ -61,6 +60,13 @@ def _open(models: ModelChoice, gen: GenChoice, note) -> Session:
     size = sum(Path(p).stat().st_size for p in (sel.target, sel.draft) if p and Path(p).is_file())
     note(f"loading {sel.describe()} ({size / 1e9:.2f} GB)")
     return Session.from_selection(sel, models, gen)
+
+
+def load_draft_in_background(session) -> None:
+    """When replies will draft with the model, load it now in the background: the first reply need
+    not wait for it (the first round that drafts with it waits only for what is left)."""
+    if session.wants_draft():
+        threading.Thread(target=_load_draft_quietly, args=(session,), name="localspec-draft", daemon=True).start()
 
 
 def _load_draft_quietly(session) -> None:
@@ -87,8 +93,12 @@ def generate_reply(session: Session, turn: Turn, messages, cfg, cancel: Callable
     text_parts: list[str] = []
     error = stats = live = None
     ntok = 0
+    # --spec auto with no measured pass costs yet (the first reply on this machine): answer plainly
+    # now and measure right after, so nobody waits for the measurement before the first token
+    measure_after = cfg.spec == "auto" and engine.profile is None
+    if measure_after:
+        cfg = cfg.with_(spec="off")
     try:
-        session.ensure_profile(lambda _: post(ReplyNote()), spec=cfg.spec)
         prompt = engine.prompt_tokens(messages)
         t_call = last_post = last_save = time.perf_counter()
         source = "target"
@@ -128,4 +138,15 @@ def generate_reply(session: Session, turn: Turn, messages, cfg, cancel: Callable
             save(turn.reply_id, text, runs, complete=error is None,
                  stop_reason=(stats.stop_reason if stats else None) if error is None else "error",
                  error=error, stats=stats.to_dict() if stats else None)
+        if measure_after:
+            _measure(session, post)
         post(ReplyDone(turn, text, stats, live, error))
+
+
+def _measure(session: Session, post: Post) -> None:
+    post(ReplyNote())
+    try:
+        session.ensure_profile(spec="auto")
+        load_draft_in_background(session)
+    except Exception:  # the next reply tries again (and decodes plainly meanwhile)
+        pass
