@@ -367,7 +367,6 @@ class ChatApp(App):
 
     async def on_reply_done(self, msg: ReplyDone) -> None:
         turn = msg.turn
-        self.replies += 1
         follow = self._at_bottom()
         stop = msg.stats.stop_reason if msg.stats is not None else ""
         self.generating = False
@@ -400,6 +399,7 @@ class ChatApp(App):
         self.refresh_status()
         if follow:
             self.conv.scroll_end(animate=False)
+        self.replies += 1
         await self.send_queued()
 
     # --- actions ------------------------------------------------------------------------------
