@@ -74,6 +74,17 @@ def main(argv: list[str] | None = None) -> int:
         except OSError:
             pass
         return 0
+    except OSError as e:  # a disk or permission problem nobody wrapped: still one line with a next step
+        where = f" ({e.filename})" if e.filename else ""
+        sys.stderr.write(f"error: {e.strerror or e}{where}; check that path, or set LOCALSPEC_HOME to a writable "
+                         "directory\n")
+        return 1
+    except Exception as e:  # a bug: one line, and how to see the rest
+        if os.environ.get("LOCALSPEC_DEBUG"):
+            raise
+        sys.stderr.write(f"error: internal error {type(e).__name__}: {e}; rerun with LOCALSPEC_DEBUG=1 for the "
+                         "traceback and report it\n")
+        return 70
 
 
 if __name__ == "__main__":

@@ -25,7 +25,12 @@ def home() -> Path:
 
 
 def ensure(p: Path) -> Path:
-    p.mkdir(parents=True, exist_ok=True)
+    from .errors import ConfigError
+
+    try:
+        p.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise ConfigError(f"cannot create {p} ({e.strerror or e}); set LOCALSPEC_HOME to a writable directory") from None
     return p
 
 

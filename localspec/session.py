@@ -127,6 +127,15 @@ def prefetch(path: str) -> None:
         os.close(fd)
 
 
+def load_notes(models: ModelChoice) -> list[str]:
+    from .backend import system_info
+
+    if models.n_gpu_layers and not system_info()["gpu_offload"]:
+        return [f"-ngl {models.n_gpu_layers}: this llama-cpp-python has no GPU backend, so everything runs on the "
+                "CPU (`localspec doctor` prints the command that builds it for your GPU)"]
+    return []
+
+
 def open_engine(sel: Selection, load: LoadConfig):
     """The target loads now; the draft model when a round first drafts with it (never for --no-spec,
     --drafter ngram, or auto on a machine where the model draft cannot pay). The pair's compatibility
@@ -162,8 +171,10 @@ def ensure_profile(engine, spec: str = "auto", notify: Notify | None = None, rem
 class Session:
     """A user's choice resolved and loaded: `selection`, `load`, `gen` (the GenConfig), `engine`."""
 
-    def __init__(self, selection: Selection, gen: GenConfig, load: LoadConfig, engine, system: str | None = None):
+    def __init__(self, selection: Selection, gen: GenConfig, load: LoadConfig, engine, system: str | None = None,
+                 notes: list[str] | None = None):
         self.selection, self.gen, self.load, self.engine, self.system = selection, gen, load, engine, system
+        self.notes = notes or []  # things the user should know about this load; front ends show them
 
     @classmethod
     def open(cls, models: ModelChoice, gen: GenChoice, notify: Notify | None = None) -> "Session":
@@ -175,7 +186,8 @@ class Session:
         load = load_config(models, sel)
         if load.mmap:  # the disk starts reading while Python imports llama.cpp and numpy (with read(), the
             prefetch(sel.target)  # two streams would only compete: measured 5.2 s vs 3.9 s cold)
-        return cls(sel, cfg, load, open_engine(sel, load), gen.system)
+        engine = open_engine(sel, load)
+        return cls(sel, cfg, load, engine, gen.system, load_notes(models))
 
     def ensure_profile(self, notify: Notify | None = None, spec: str | None = None, measure: bool = True):
         return ensure_profile(self.engine, spec or self.gen.spec, notify, measure=measure)

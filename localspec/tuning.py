@@ -63,7 +63,10 @@ def tune(engine, n_max: int = 12, repeats: int = 3, warmup: int = 1, quick: bool
     else:
         prof = measure_costs(engine, n_max=n_max, repeats=repeats, warmup=warmup)
     prof.key = key
-    prof.save(profile_path(key))
+    try:
+        prof.save(profile_path(key))
+    except OSError:  # a read-only data dir: use it now, measure again next time
+        pass
     return prof
 
 

@@ -21,6 +21,8 @@ def localspec_home(tmp_path, monkeypatch):
     monkeypatch.setenv("LOCALSPEC_HOME", str(home))
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     monkeypatch.setenv("HF_HOME", str(tmp_path / "hf-home"))
+    # a `localspec serve` the developer left running must not answer the tests' `run`s (port 9: discard)
+    monkeypatch.setenv("LOCALSPEC_SERVER", "127.0.0.1:9")
     return home
 
 

@@ -125,3 +125,38 @@ def test_piped_stdin_is_prepended(tiny):
     assert r.returncode == 0, r.stderr
     obj = json.loads(r.stdout)
     assert obj["stats"]["prompt_tokens"] > 15  # both the piped text and the argument went in
+
+
+def _proc(args, stdin: bytes | None = None, env: dict | None = None):
+    import os
+
+    return subprocess.run([sys.executable, "-m", "localspec", *args], input=stdin, capture_output=True,
+                          timeout=120, env={**os.environ, **(env or {})})
+
+
+def test_bytes_that_are_not_utf8_get_one_line(tiny):
+    r = _proc(["run", *pair(tiny), "-n", "4", "summarize"], stdin=b"\xff\xfe caches \x80")
+    assert r.returncode == 2 and r.stdout == b""
+    assert r.stderr.decode() == ("error: the piped input is not UTF-8 text (byte 0xff at offset 0); convert it first, "
+                                 "e.g. `iconv -f latin1 -t utf-8 FILE | localspec run ...`\n")
+    r = _proc(["run", *pair(tiny), "-n", "4", b"caf\xe9".decode("utf-8", "surrogateescape")], stdin=b"")
+    assert r.returncode == 2 and r.stderr.decode().startswith("error: the prompt argument is not UTF-8 text (byte 0xe9")
+
+
+def test_a_data_dir_that_cannot_be_written(tiny, tmp_path):
+    blocker = tmp_path / "file"
+    blocker.write_text("not a directory")
+    r = _proc(["run", "-n", "2", "hi"], stdin=b"", env={"LOCALSPEC_HOME": str(blocker / "home")})
+    err = r.stderr.decode()
+    assert r.returncode != 0 and err.count("\n") == 1 and err.startswith("error: ") and "LOCALSPEC_HOME" in err
+    assert "Traceback" not in err
+
+
+def test_gpu_layers_on_a_cpu_build_say_so_and_run(tiny, cli):
+    from localspec.backend import system_info
+
+    if system_info()["gpu_offload"]:
+        pytest.skip("this llama-cpp-python has a GPU backend")
+    rc, out, err = cli("run", *pair(tiny), "-ngl", "99", "-n", "3", "--temperature", "0", "--spec", "off", "hi")
+    assert rc == 0 and out.strip()
+    assert err.startswith("note: -ngl 99: this llama-cpp-python has no GPU backend, so everything runs on the CPU")

@@ -50,6 +50,8 @@ def load_session(models: ModelChoice, gen: GenChoice, post: Post) -> Loaded | Lo
     except Exception as e:  # an unexpected failure still ends in the UI, not a traceback
         _close_quietly(session)
         return LoadFailed(f"{type(e).__name__}: {e}")
+    for text in session.notes:
+        post(LoadStep(text))
     return Loaded(session, time.monotonic() - t0)
 
 

@@ -45,7 +45,16 @@ def piped_stdin(wait_s: float | None) -> str:
 
         if not select.select([fd], [], [], wait_s)[0]:
             return ""
-    return sys.stdin.read()
+    data = sys.stdin.buffer.read() if hasattr(sys.stdin, "buffer") else sys.stdin.read().encode("utf-8", "surrogateescape")
+    return decode_text(data, "the piped input")
+
+
+def decode_text(data: bytes, what: str) -> str:
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise ConfigError(f"{what} is not UTF-8 text (byte 0x{data[e.start]:02x} at offset {e.start}); convert it "
+                          "first, e.g. `iconv -f latin1 -t utf-8 FILE | localspec run ...`") from None
 
 
 def read_prompt(args) -> str:
@@ -53,8 +62,8 @@ def read_prompt(args) -> str:
     piped = piped_stdin(2.0 if args.prompt else None)
     if piped.strip():
         parts.append(piped.rstrip("\n"))
-    if args.prompt:
-        parts.append(" ".join(args.prompt))
+    if args.prompt:  # arguments with bytes that are not UTF-8 reach Python as lone surrogates
+        parts.append(decode_text(" ".join(args.prompt).encode("utf-8", "surrogateescape"), "the prompt argument"))
     text = "\n\n".join(parts)
     if not text.strip():
         raise ConfigError('empty prompt; try `localspec run "Write a haiku about caches"`')
@@ -71,6 +80,8 @@ def cmd_run(args) -> int:
     from ..engine import Message
 
     session = Session.open(model_choice(args), gen_choice(args))
+    for note in session.notes:
+        stderr_note(f"note: {note}")
     engine, cfg, sel = session.engine, session.gen, session.selection
     prompt = engine.prompt_tokens(prompt_text if args.raw else [Message(r, c) for r, c in messages], raw=args.raw)
     engine.check_prompt(prompt)

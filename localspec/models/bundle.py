@@ -150,7 +150,7 @@ def assemble_bundle(source: ModelSource, chunks: list[Path], notify: Notify | No
     copy. A wrong sha256 or a failed write leaves nothing where it would be loaded."""
     bundle = source.bundle
     dest = assembled_path(source)
-    dest.parent.mkdir(parents=True, exist_ok=True)
+    paths.ensure(dest.parent)
     with _exclusive(dest.with_name(f".{dest.name}.lock")):
         if has_verified_stamp(dest, bundle.sha256):
             return dest

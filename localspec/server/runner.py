@@ -57,6 +57,8 @@ def load_into(state: ServerState, models: ModelChoice, gen: GenChoice, notify: C
     except LocalspecError as e:
         state.load_error = str(e)
         return False
+    for text in session.notes:
+        notify(f"note: {text}")
     state.model_id, state.aliases = model_names(session)
     state.server = ServerSession(session)
     return True
