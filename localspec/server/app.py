@@ -162,6 +162,9 @@ async def _texts(run: Run):
 async def chat_completions(request: Request, state: ServerState) -> Response:
     body = await _body(request, state)
     turns = chat_messages(body)
+    system = state.server.session.system  # `serve --system`: for conversations that bring none
+    if system and not any(role == "system" for role, _ in turns):
+        turns.insert(0, ("system", system))
     cfg, extras = gen_settings(body, state.server.session.gen, oai=True)
 
     def prepare(engine):
