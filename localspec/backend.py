@@ -185,6 +185,7 @@ class Context:
         self.tokens: list[int] = []
         self.decode_s = 0.0  # wall time spent inside llama_decode (for the overhead figure)
         self.n_decode = 0
+        self.observer = None  # called with (tokens, seconds) after each llama_decode (threads.ThreadGovernor)
 
     def eval(self, tokens: list[int], logits: str = "last") -> np.ndarray | None:
         """Append `tokens` to the sequence. logits: "none" | "last" | "all" (rows for `tokens`).
@@ -217,10 +218,17 @@ class Context:
             if n_rows:
                 ptr = L.llama_get_logits(self.ptr)  # outputs are contiguous, in batch order
                 out = np.ctypeslib.as_array(ptr, shape=(n_rows, self.n_vocab)).copy()
-            self.decode_s += time.perf_counter() - t0
+            dt = time.perf_counter() - t0
+            self.decode_s += dt
+            if self.observer is not None:
+                self.observer(len(chunk), dt)
             self.n_decode += 1
             self.tokens.extend(chunk)
         return out
+
+    def set_threads(self, n: int, n_batch: int | None = None) -> None:
+        """Threads for the next passes (llama_set_n_threads works on a live context)."""
+        self.L.llama_set_n_threads(self.ptr, n, n_batch or n)
 
     def truncate(self, n: int) -> None:
         """Drop cached positions >= n (the rejected tail of a draft)."""

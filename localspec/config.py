@@ -50,6 +50,7 @@ class LoadConfig:
     n_batch: int = 512  # prompt is evaluated in chunks of this many tokens
     n_threads: int = field(default_factory=default_threads)  # decode threads (all cores, see above)
     n_threads_batch: int = field(default_factory=default_threads)  # prompt/verify threads
+    adapt_threads: bool = True  # use fewer threads while other processes hold the cores (threads.py); -t N fixes them
     n_gpu_layers_target: int = -1  # -1 = offload every layer when a GPU backend is compiled in
     n_gpu_layers_draft: int = -1  # same for the draft
     # Memory-mapped load, with the file's pages released as llama.cpp finishes with them (backend.py):

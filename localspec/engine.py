@@ -25,6 +25,7 @@ from .policy import FixedK, make_policy
 from .sampling import accept_greedy, accept_token, logits_to_probs, residual, sample
 from .stats import Stats
 from .text import TextStream
+from .threads import ThreadGovernor
 
 NO_DRAFT = Draft()
 
@@ -100,6 +101,10 @@ class Engine:
         self.draft_ctx: Context | None = None
         self._draft_lock = threading.Lock()
         self.target = Context(self.target_model, load.n_ctx, load.n_batch, load.n_threads, load.n_threads_batch)
+        self.governor = None
+        if load.adapt_threads and load.n_threads > 1:
+            self.governor = ThreadGovernor(load.n_threads, self._expected_pass_s, self._set_threads)
+            self.target.observer = self.governor.after_pass
         if self.draft_path and not lazy_draft:
             self.load_draft()
         self.profile = profile  # measured pass costs (costmodel.CostProfile) for --spec auto
@@ -108,6 +113,16 @@ class Engine:
         # runs and for the bench, whose A/B runs repeat each prompt and must not draft from each other
         self.remember_generations = False
         self.last_stats: Stats | None = None
+
+    def _expected_pass_s(self, n_tokens: int) -> float | None:
+        """What a target pass over n tokens should cost on a quiet machine (the measured profile)."""
+        p = self.profile
+        return p.verify(n_tokens) if p is not None and n_tokens <= len(p.t_verify) else None
+
+    def _set_threads(self, n: int) -> None:
+        for ctx in (self.target, self.draft_ctx):
+            if ctx is not None:
+                ctx.set_threads(n)
 
     def load_draft(self) -> Context | None:
         """The draft model's context, loading the model the first time (thread-safe: the chat app
@@ -118,7 +133,8 @@ class Engine:
                 model = Model(self.draft_path, load.n_gpu_layers_draft, mmap=load.mmap)
                 try:
                     require_compatible(self.target_model.vocab_info(), model.vocab_info())
-                    self.draft_ctx = Context(model, load.n_ctx, load.n_batch, load.n_threads, load.n_threads_batch)
+                    threads = self.governor.threads if self.governor else load.n_threads
+                    self.draft_ctx = Context(model, load.n_ctx, load.n_batch, threads, threads)
                 except BaseException:
                     model.close()
                     raise
@@ -214,6 +230,9 @@ class Engine:
             stats.generation_s = time.perf_counter() - t_gen
             stats.decode_s = tgt.decode_s + self._draft_decode_s() - decode_before
             stats.policy = policy.describe()
+            stats.threads = self.governor.threads if self.governor else self.load.n_threads
+            if self.governor:
+                stats.thread_changes = [[a, b, why] for t, a, b, why in self.governor.changes if t >= t0]
         tail = text.flush()
         if tail:
             yield Chunk(tail)

@@ -85,6 +85,7 @@ def load_config(choice: ModelChoice, sel: Selection) -> LoadConfig:
         load.n_ctx = choice.ctx_size
     if choice.threads:
         load.n_threads = load.n_threads_batch = choice.threads
+        load.adapt_threads = False
     if choice.mmap is not None:
         load.mmap = choice.mmap
     if choice.n_gpu_layers is not None:

@@ -28,6 +28,8 @@ class Stats:
     stop_reason: str = ""  # "eos" | "length" | "stop" | "cancelled" | "context"
     spec_mode: str = ""  # "on" | "off" | "auto"
     policy: str = ""  # how k was chosen (for the record)
+    threads: int = 0  # decode threads at the end of the run
+    thread_changes: list = field(default_factory=list)  # [[from, to, why], ...] during this run
 
     def add_round(self, source: str, drafted: int, accepted: int, draft_s: float, verify_s: float) -> None:
         self.target_passes += 1
@@ -110,6 +112,8 @@ class Stats:
                      f"generation: {self.tokens} tokens in {self.generation_s:.2f} s = {self.tokens_per_second:.2f} tok/s")
         lines.append(f"time split: draft {self.draft_s:.2f} s, verify {self.verify_s:.2f} s, other {self.other_s:.2f} s; "
                      f"outside llama_decode {100 * self.overhead_share:.1f}%")
+        for a, b, why in self.thread_changes:
+            lines.append(f"threads {a} -> {b}: {why}")
         return lines
 
 

@@ -1,0 +1,75 @@
+"""Decode threads that follow the machine: fewer when another process holds the cores.
+
+llama.cpp's worker threads meet at a barrier several hundred times per token and spin while they
+wait (OpenMP). When the cores are oversubscribed, a barrier waits for a thread the OS has taken off
+its core, and a 2-thread decode on a 2-core laptop with one busy background process runs at a
+third of its quiet speed, slower than one thread. No fixed count serves both a quiet and a busy
+machine, so `ThreadGovernor` measures: every target pass is priced against what the measured cost
+profile says it should cost (`slowdown` = seconds / expected), per thread count, as a running
+average. When passes come much slower than expected it tries one thread fewer and keeps whichever
+count is faster now; while running below the maximum it tries one more every PROBE_S seconds, since
+the machine may have calmed down. Thread counts never change the arithmetic's result in a way the
+acceptance rule relies on: every confirmed token is still the target's own (see the note in
+docs/BENCHMARKS.md for the measured effect on greedy outputs).
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Callable
+
+
+class ThreadGovernor:
+    TRIGGER = 1.4  # explore fewer threads when passes take this many times their expected cost
+    MIN_PASSES = 6  # passes at a count before judging it
+    GAIN = 0.9  # a count must be at least 10% faster to be kept
+    PROBE_S = 3.0  # while below the maximum, try one thread more this often (doubling after each miss, to 30 s)
+    RATE = 0.3  # weight of the newest pass in a count's running average
+
+    def __init__(self, max_threads: int, expected: Callable[[int], float | None], apply: Callable[[int], None],
+                 clock: Callable[[], float] = time.perf_counter):
+        self.max_threads, self.expected, self.apply, self.clock = max_threads, expected, apply, clock
+        self.threads = max_threads
+        self.score: dict[int, float] = {}  # thread count -> running slowdown
+        self.passes = 0  # passes at the current count since it was chosen
+        self.trial_from: int | None = None  # the count a trial started from (None: settled)
+        self.since = clock()  # when the current count was chosen
+        self.probe_s = self.PROBE_S
+        self.changes: list[tuple[float, int, int, str]] = []  # (time, from, to, why)
+
+    def after_pass(self, n_tokens: int, seconds: float) -> None:
+        exp = self.expected(n_tokens)
+        if not exp or seconds <= 0:
+            return
+        s = seconds / exp
+        n = self.threads
+        self.score[n] = s if n not in self.score or self.passes == 0 else self.score[n] + self.RATE * (s - self.score[n])
+        self.passes += 1
+        if self.passes < self.MIN_PASSES:
+            return
+        if self.trial_from is not None:
+            self._judge_trial()
+        elif self.score[n] > self.TRIGGER and n > 1:
+            self._try(n - 1, f"passes at {self.score[n]:.1f}x their expected cost")
+        elif n < self.max_threads and self.clock() - self.since >= self.probe_s:
+            self._try(n + 1, "probing: the machine may have calmed down")
+
+    def _try(self, n: int, why: str) -> None:
+        self.trial_from = self.threads
+        self._set(n, why)
+
+    def _judge_trial(self) -> None:
+        new, old = self.threads, self.trial_from
+        self.trial_from = None
+        if self.score[new] < self.GAIN * self.score.get(old, float("inf")):
+            self.since = self.clock()  # keep it (and from here, maybe explore further)
+            self.probe_s = self.PROBE_S
+            return
+        if new > old:  # a probe upwards that did not pay: wait longer before the next one
+            self.probe_s = min(30.0, 2 * self.probe_s)
+        self._set(old, f"{new} threads were not faster ({self.score[new]:.1f}x vs {self.score[old]:.1f}x)")
+
+    def _set(self, n: int, why: str) -> None:
+        self.changes.append((self.clock(), self.threads, n, why))
+        self.threads, self.passes, self.since = n, 0, self.clock()
+        self.apply(n)

@@ -1,0 +1,72 @@
+"""The thread governor on a fake clock: passes priced against their expected cost."""
+
+from __future__ import annotations
+
+from localspec.threads import ThreadGovernor
+
+
+class Machine:
+    """A fake machine: seconds per pass by thread count, and a clock that advances with every pass."""
+
+    def __init__(self, slowdown: dict[int, float]):
+        self.slowdown, self.t, self.applied = slowdown, 0.0, []
+
+    def clock(self) -> float:
+        return self.t
+
+    def run(self, gov: ThreadGovernor, passes: int) -> None:
+        for _ in range(passes):
+            cost = 0.03 * self.slowdown[gov.threads]
+            self.t += cost
+            gov.after_pass(1, cost)
+
+
+def governor(m: Machine, threads: int = 2) -> ThreadGovernor:
+    return ThreadGovernor(threads, lambda n: 0.03 * n, m.applied.append, clock=m.clock)
+
+
+def test_a_quiet_machine_keeps_every_thread():
+    m = Machine({2: 1.0, 1: 1.5})
+    g = governor(m)
+    m.run(g, 500)
+    assert g.threads == 2 and g.changes == [] and m.applied == []
+
+
+def test_a_busy_machine_drops_to_one_thread_and_stays_while_probes_fail():
+    m = Machine({2: 3.0, 1: 1.6})  # one busy background process: two spinning threads stall
+    g = governor(m)
+    m.run(g, ThreadGovernor.MIN_PASSES)
+    assert g.threads == 1 and m.applied == [1]
+    m.run(g, ThreadGovernor.MIN_PASSES)
+    assert g.threads == 1 and len(g.changes) == 1  # the trial paid: kept
+    m.run(g, 400)  # probes upwards every few seconds, each reverted, less and less often
+    assert g.threads == 1
+    probes = [c for c in g.changes if c[2] == 2]
+    assert probes and all(b == 1 for _, a, b, _ in g.changes if a == 2)
+    gaps = [b[0] - a[0] for a, b in zip(probes, probes[1:])]
+    assert gaps == sorted(gaps) and g.probe_s > ThreadGovernor.PROBE_S  # backing off
+
+
+def test_when_the_load_goes_away_the_threads_come_back():
+    m = Machine({2: 3.0, 1: 1.6})
+    g = governor(m)
+    m.run(g, 50)
+    assert g.threads == 1
+    m.slowdown = {2: 1.0, 1: 1.5}  # the other process finished
+    m.run(g, 400)
+    assert g.threads == 2 and g.changes[-1][1:3] == (1, 2)
+
+
+def test_a_trial_that_is_not_faster_is_undone():
+    m = Machine({2: 1.8, 1: 1.75})  # slow, but one thread fewer does not help
+    g = governor(m)
+    m.run(g, 2 * ThreadGovernor.MIN_PASSES)
+    assert g.threads == 2 and [c[1:3] for c in g.changes] == [(2, 1), (1, 2)]
+    assert "not faster" in g.changes[-1][3]
+
+
+def test_passes_without_an_expected_cost_are_ignored():
+    g = ThreadGovernor(2, lambda n: None, lambda n: None)
+    for _ in range(100):
+        g.after_pass(300, 9.0)  # a long prompt: no profile figure for it
+    assert g.threads == 2 and g.score == {}
