@@ -464,3 +464,19 @@ def test_fim_workload_from_the_standard_library(tiny, tmp_path):
     # a model without FIM tokens: one line that says so
     code, out, err = bench(["--target", str(tiny.target), "--threads", str(THREADS), "--workloads", "fim", "-q"], tmp_path)
     assert code == 1 and err.startswith("error: Infill is not supported by this model") and err.count("\n") == 1
+
+
+def test_background_load_runs_busy_processes_and_stops_them(tiny, tmp_path):
+    import os
+
+    from localspec.bench.load import background_load
+
+    with background_load(2, limit_s=60) as procs:
+        assert len(procs) == 2 and all(p.poll() is None for p in procs)
+    assert all(p.poll() is not None for p in procs)  # gone when the block ends
+    code, out, err = bench([*model_args(tiny, tiny.perturbed), "--workloads", "chat", "--prompts-per-workload", "1",
+                            "-n", "6", "-k", "2", "--background-load", "1", "--json", "-q"], tmp_path)
+    assert code == 0, err
+    d = json.loads(out)
+    assert d["options"]["background_load"] == 1 and "--background-load 1" in d["command"]
+    assert not [p for p in os.popen("pgrep -f 'while time.time() < end'").read().split() if p]

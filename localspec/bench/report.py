@@ -184,7 +184,8 @@ def header_lines(doc: dict) -> list[str]:
         f"pair: {files}" if same else f"pair: {pair['name']} ({files})",
         f"{load['threads']} threads, {mode}, max {o['max_tokens']} new tokens, "
         f"{o['prompts_per_workload'] or 'all'} prompt(s) per workload, repeat {o['repeat']}, "
-        f"plain run after every {o['baseline_every']} speculative run(s)",
+        f"plain run after every {o['baseline_every']} speculative run(s)"
+        + (f"; {o['background_load']} busy background process(es) during the runs" if o.get("background_load") else ""),
     ]
 
 

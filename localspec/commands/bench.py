@@ -50,6 +50,8 @@ def register(sub) -> None:
     g.add_argument("--temperature", "--temp", type=float, default=0.0, help="0 = greedy (default)")
     g.add_argument("--seed", type=int, default=0, help="sampling seed, shared by each A/B pair (default 0)")
     g.add_argument("--no-warmup", action="store_true", help="skip the short untimed warm-up generations")
+    g.add_argument("--background-load", type=nonneg_int, default=0, metavar="N",
+                   help="run N busy processes (one core each) during the runs, to measure speed on a busy machine")
     g.add_argument("--retune", action="store_true",
                    help="for --spec auto: measure and store this machine's cost profile now instead of reusing the stored one")
     o = p.add_argument_group("output")
@@ -205,10 +207,14 @@ def _cmd_run(args, sel, chosen, settings) -> int:
         opts = Options(max_tokens=args.max_tokens, repeat=args.repeat, temperature=args.temperature,
                        seed=args.seed, baseline_every=args.baseline_every, warmup=not args.no_warmup)
         progress = NullProgress() if args.quiet else Progress()
-        results = run_bench(engine, chosen, settings, opts, costs, progress)
+        from ..bench.load import background_load
+
+        with background_load(args.background_load):
+            results = run_bench(engine, chosen, settings, opts, costs, progress)
         doc = bench_document(engine, sel, settings, opts, costs, results, warnings,
                              command=_command_line(args, settings), prompts_per_workload=args.prompts_per_workload,
                              auto_profile=engine.profile if needs_auto else None)
+        doc["options"]["background_load"] = args.background_load
     finally:
         engine.close()
     if args.report:
@@ -283,6 +289,8 @@ def _command_line(args, settings) -> str:
               "--repeat", str(args.repeat), "--baseline-every", str(args.baseline_every)]
     if args.retune:
         parts.append("--retune")
+    if args.background_load:
+        parts += ["--background-load", str(args.background_load)]
     if args.temperature:
         parts += ["--temperature", f"{args.temperature:g}", "--seed", str(args.seed)]
     for flag, v in (("--threads", args.threads), ("--ctx-size", args.ctx_size), ("-ngl", args.n_gpu_layers)):
