@@ -183,12 +183,17 @@ async def chat_completions(request: Request, state: ServerState) -> Response:
             yield shapes.oai_chat_chunk(obj_id, model, {"content": text})
         st = run.stats
         last = shapes.oai_chat_chunk(obj_id, model, {}, shapes.finish_reason(st))
-        last.update(timings=shapes.timings(st), localspec=shapes.localspec_stats(st))
-        yield last
-        if extras.include_usage:
-            yield shapes.usage_chunk(obj_id, model, "chat.completion.chunk", st)
-        yield "data: [DONE]\n\n"
+        for event in _oai_stream_end(last, st, "chat.completion.chunk", extras.include_usage):
+            yield event
     return stream(run, events())
+
+
+def _oai_stream_end(last: dict, st, kind: str, include_usage: bool) -> list:
+    """An OpenAI stream's last events: the finishing chunk with the figures, the usage chunk when asked
+    for (empty choices), then [DONE]."""
+    last.update(timings=shapes.timings(st), localspec=shapes.localspec_stats(st))
+    usage = [shapes.usage_chunk(last["id"], last["model"], kind, st)] if include_usage else []
+    return [last, *usage, "data: [DONE]\n\n"]
 
 
 def _completion_prepare(body: dict, cfg):
@@ -220,11 +225,8 @@ async def completions_oai(request: Request, state: ServerState) -> Response:
             yield shapes.oai_completion(obj_id, model, text)
         st = run.stats
         last = shapes.oai_completion(obj_id, model, "", None, shapes.finish_reason(st))
-        last.update(timings=shapes.timings(st), localspec=shapes.localspec_stats(st))
-        yield last
-        if extras.include_usage:
-            yield shapes.usage_chunk(obj_id, model, "text_completion", st)
-        yield "data: [DONE]\n\n"
+        for event in _oai_stream_end(last, st, "text_completion", extras.include_usage):
+            yield event
     return stream(run, events())
 
 
