@@ -128,6 +128,19 @@ def prefetch(path: str) -> None:
         os.close(fd)
 
 
+def follow_recent_load(engine) -> None:
+    """Start at the thread count a process found fastest a moment ago, and remember this one's."""
+    from .tuning import save_threads_hint, threads_hint
+
+    gov = engine.governor
+    if gov is None:
+        return
+    hint = threads_hint(gov.max_threads)
+    if hint is not None:
+        gov.start_at(hint, "a process a moment ago found this count fastest")
+    gov.on_change = save_threads_hint
+
+
 def load_notes(models: ModelChoice) -> list[str]:
     from .backend import system_info
 
@@ -188,6 +201,7 @@ class Session:
         if load.mmap:  # the disk starts reading while Python imports llama.cpp and numpy (with read(), the
             prefetch(sel.target)  # two streams would only compete: measured 5.2 s vs 3.9 s cold)
         engine = open_engine(sel, load)
+        follow_recent_load(engine)
         return cls(sel, cfg, load, engine, gen.system, load_notes(models))
 
     def ensure_profile(self, notify: Notify | None = None, spec: str | None = None, measure: bool = True):

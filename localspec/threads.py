@@ -36,6 +36,13 @@ class ThreadGovernor:
         self.since = clock()  # when the current count was chosen
         self.probe_s = self.PROBE_S
         self.changes: list[tuple[float, int, int, str]] = []  # (time, from, to, why)
+        self.on_change: Callable[[int], None] | None = None  # e.g. remember the count for the next process
+
+    def start_at(self, n: int, why: str) -> None:
+        """Begin at another count than the maximum (what a process a moment ago found fastest); the
+        governor probes upwards from there as usual."""
+        if 1 <= n < self.threads:
+            self._set(n, why)
 
     def after_pass(self, n_tokens: int, seconds: float) -> None:
         exp = self.expected(n_tokens)
@@ -73,3 +80,5 @@ class ThreadGovernor:
         self.changes.append((self.clock(), self.threads, n, why))
         self.threads, self.passes, self.since = n, 0, self.clock()
         self.apply(n)
+        if self.on_change is not None:
+            self.on_change(n)

@@ -99,3 +99,37 @@ def check_pair(target: Path, draft: Path) -> None:
 def _file_key(path: Path) -> str:
     st = path.stat()
     return f"{path.resolve()}:{st.st_size}:{st.st_mtime_ns}"
+
+
+HINT_MAX_AGE_S = 120.0  # a busy machine a couple of minutes ago is likely still busy
+
+
+def _hint_file() -> Path:
+    return paths.home() / "threads.json"
+
+
+def threads_hint(max_threads: int) -> int | None:
+    """The thread count the last process settled on, if it was recent and fewer than the maximum: a
+    `run` under load then starts (and evaluates its prompt) at the count that was fastest, instead of
+    learning it again from slow passes."""
+    import time
+
+    try:
+        h = json.loads(_hint_file().read_text())
+        n, at = int(h["threads"]), float(h["at"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    return n if 1 <= n < max_threads and 0 <= time.time() - at <= HINT_MAX_AGE_S else None
+
+
+def save_threads_hint(n: int) -> None:
+    import time
+
+    try:
+        f = _hint_file()
+        f.parent.mkdir(parents=True, exist_ok=True)
+        tmp = f.with_suffix(f".{os.getpid()}.tmp")
+        tmp.write_text(json.dumps({"threads": n, "at": time.time()}))
+        tmp.replace(f)
+    except OSError:
+        pass

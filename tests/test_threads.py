@@ -70,3 +70,23 @@ def test_passes_without_an_expected_cost_are_ignored():
     for _ in range(100):
         g.after_pass(300, 9.0)  # a long prompt: no profile figure for it
     assert g.threads == 2 and g.score == {}
+
+
+def test_a_process_starts_at_the_count_a_recent_one_found_fastest(localspec_home, monkeypatch):
+    import time
+
+    from localspec import tuning
+
+    assert tuning.threads_hint(2) is None
+    tuning.save_threads_hint(1)
+    assert tuning.threads_hint(2) == 1 and tuning.threads_hint(1) is None  # only fewer than the maximum
+    monkeypatch.setattr(time, "time", lambda: 10 ** 10)  # long ago: not a hint any more
+    assert tuning.threads_hint(2) is None
+    m = Machine({2: 1.0, 1: 1.5})  # the machine calmed down since
+    g = governor(m)
+    saved = []
+    g.on_change = saved.append
+    g.start_at(1, "hint")
+    assert g.threads == 1 and m.applied == [1]
+    m.run(g, 300)
+    assert g.threads == 2 and saved[-1] == 2  # probed back up, and says so for the next process

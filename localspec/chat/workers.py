@@ -25,7 +25,7 @@ from .messages import (
 )
 from .status import Live
 
-STREAM_INTERVAL_S = 1 / 4  # the worker posts confirmed text to the UI at most this often: each update re-renders
+STREAM_INTERVAL_S = 1 / 3  # the worker posts confirmed text to the UI at most this often: each update re-renders
 # the growing Markdown on the UI thread, which competes with the decode threads for the cores (measured on
 # 2 cores: chat at 0.80x the CLI's tok/s with 8 updates a second, 0.97x with 3; scripts/load-check)
 SAVE_INTERVAL_S = 0.5  # ... and writes the reply so far to the history this often
