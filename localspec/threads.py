@@ -25,6 +25,7 @@ class ThreadGovernor:
     GAIN = 0.9  # a count must be at least 10% faster to be kept
     PROBE_S = 3.0  # while below the maximum, try one thread more this often (doubling after each miss, to 30 s)
     RATE = 0.3  # weight of the newest pass in a count's running average
+    FIRST_PROBE_S = 1.0  # after starting below the maximum on a hint, the first probe upwards comes this soon
 
     def __init__(self, max_threads: int, expected: Callable[[int], float | None], apply: Callable[[int], None],
                  clock: Callable[[], float] = time.perf_counter):
@@ -43,6 +44,7 @@ class ThreadGovernor:
         governor probes upwards from there as usual."""
         if 1 <= n < self.threads:
             self._set(n, why)
+            self.since -= self.probe_s - self.FIRST_PROBE_S  # and looks up again soon: the load may be gone
 
     def after_pass(self, n_tokens: int, seconds: float) -> None:
         exp = self.expected(n_tokens)

@@ -101,7 +101,7 @@ def _file_key(path: Path) -> str:
     return f"{path.resolve()}:{st.st_size}:{st.st_mtime_ns}"
 
 
-HINT_MAX_AGE_S = 120.0  # a busy machine a couple of minutes ago is likely still busy
+HINT_MAX_AGE_S = 60.0  # a machine busy a minute ago is likely still busy
 
 
 def _hint_file() -> Path:
