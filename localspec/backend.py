@@ -24,8 +24,17 @@ from .models.gguf_header import check_model_file
 _init_lock = threading.Lock()
 _backend_ready = False
 _LOG_CB = None  # keep the ctypes callback alive for the process lifetime
+_placement: list[str] | None = None  # while a model loads: llama.cpp's lines saying where its layers went
+PLACEMENT_WORDS = (b"offloaded", b"buffer size", b"using device")
 
 VOCAB_TYPES = {0: "none", 1: "spm", 2: "bpe", 3: "wpm", 4: "ugm", 5: "rwkv", 6: "plamo2", 7: "test"}
+
+
+def _quiet_log(level, text, user_data) -> None:
+    """llama.cpp's log, kept out of the user's terminal; while a model loads, the lines that say
+    where its layers went are kept (`Model.placement`, shown by `localspec doctor --load`)."""
+    if _placement is not None and text and any(w in text for w in PLACEMENT_WORDS):
+        _placement.append(text.decode("utf-8", "replace").strip())
 
 
 def llama():
@@ -39,7 +48,7 @@ def llama():
     with _init_lock:
         if not _backend_ready:
             if not os.environ.get("LOCALSPEC_DEBUG"):
-                _LOG_CB = llama_cpp.llama_log_callback(lambda level, text, user_data: None)
+                _LOG_CB = llama_cpp.llama_log_callback(_quiet_log)
                 llama_cpp.llama_log_set(_LOG_CB, ctypes.c_void_p(0))
             llama_cpp.llama_backend_init()
             _backend_ready = True
@@ -63,7 +72,12 @@ class Model:
         releaser = MappedPageReleaser(self.path) if mmap else None
         if releaser is not None and releaser.supported:
             params.progress_callback = releaser.callback
-        self.ptr = L.llama_model_load_from_file(str(self.path).encode(), params)
+        global _placement
+        _placement = []
+        try:
+            self.ptr = L.llama_model_load_from_file(str(self.path).encode(), params)
+        finally:
+            self.placement, _placement = _placement, None
         if not self.ptr:
             raise ModelLoadError(f"llama.cpp could not load {self.path} (truncated, or an architecture "
                                  "this llama-cpp-python does not know); re-download it or upgrade llama-cpp-python")

@@ -206,6 +206,25 @@ def collect() -> dict[str, Any]:
     return report
 
 
+def placement(choice) -> dict[str, Any]:
+    """Load the pair (the draft too) and report where llama.cpp put each model's layers, from its own
+    log lines ("offloaded 29/29 layers to GPU", the buffers per device)."""
+    from .session import GenChoice, Session
+
+    session = Session.open(choice, GenChoice(spec="on"))
+    try:
+        engine = session.engine
+        engine.load_draft()
+        out = {"target": {"path": session.selection.target, "n_gpu_layers": session.load.n_gpu_layers_target,
+                          "placement": engine.target_model.placement}}
+        if engine.draft_model is not None:
+            out["draft"] = {"path": session.selection.draft, "n_gpu_layers": session.load.n_gpu_layers_draft,
+                            "placement": engine.draft_model.placement}
+        return out
+    finally:
+        session.close()
+
+
 def format_report(r: dict[str, Any]) -> str:
     gb = lambda n: "?" if n is None else f"{n / 1e9:.1f} GB"  # noqa: E731
     b = r["llama_cpp"]
@@ -229,6 +248,9 @@ def format_report(r: dict[str, Any]) -> str:
     lines.append("reinstall llama-cpp-python with a GPU backend:")
     lines += [f"  {name:<6} {cmd}" for name, cmd in r["reinstall"].items()]
     lines += [f"note: {a}" for a in r["advice"]]
+    for role, m in (r.get("loaded") or {}).items():
+        lines.append(f"loaded {role} {Path(m['path']).name} (n_gpu_layers {m['n_gpu_layers']}):")
+        lines += [f"  {line}" for line in m["placement"]] or ["  (llama.cpp said nothing: LOCALSPEC_DEBUG=1 shows its log)"]
     return "\n".join(lines)
 
 

@@ -34,6 +34,7 @@ class ModelChoice:
     threads: int | None = None
     n_gpu_layers: int | None = None
     mmap: bool | None = None  # None: LoadConfig's default (mapped)
+    n_gpu_layers_draft: int | None = None  # the draft's own (-ngld); None: as n_gpu_layers
 
 
 @dataclass
@@ -90,6 +91,8 @@ def load_config(choice: ModelChoice, sel: Selection) -> LoadConfig:
         load.mmap = choice.mmap
     if choice.n_gpu_layers is not None:
         load.n_gpu_layers_target = load.n_gpu_layers_draft = choice.n_gpu_layers
+    if choice.n_gpu_layers_draft is not None:
+        load.n_gpu_layers_draft = choice.n_gpu_layers_draft
     return load
 
 
@@ -144,8 +147,9 @@ def follow_recent_load(engine) -> None:
 def load_notes(models: ModelChoice) -> list[str]:
     from .backend import system_info
 
-    if models.n_gpu_layers and not system_info()["gpu_offload"]:
-        return [f"-ngl {models.n_gpu_layers}: this llama-cpp-python has no GPU backend, so everything runs on the "
+    asked = [f"{flag} {n}" for flag, n in (("-ngl", models.n_gpu_layers), ("-ngld", models.n_gpu_layers_draft)) if n]
+    if asked and not system_info()["gpu_offload"]:
+        return [f"{' '.join(asked)}: this llama-cpp-python has no GPU backend, so everything runs on the "
                 "CPU (`localspec doctor` prints the command that builds it for your GPU)"]
     return []
 

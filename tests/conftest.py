@@ -79,6 +79,9 @@ def real_pair_paths() -> tuple[Path, Path] | None:
 # One thread: the tiny models gain nothing from two, and two spinning llama.cpp threads stall badly
 # whenever another process holds a core (measured: 0.14 s vs 2.8-116 s for 279 tokens under load).
 THREADS = int(os.environ.get("LOCALSPEC_TEST_THREADS", "1"))
+# Where the engine tests put the target's and the draft's layers: "-1,-1" = llama.cpp's default (all on
+# the GPU when one is compiled in, else the CPU). scripts/test-vulkan runs them with "99,0" and "99,99".
+GPU_LAYERS = tuple(int(x) for x in os.environ.get("LOCALSPEC_TEST_GPU_LAYERS", "-1,-1").split(","))
 
 
 class CliResult(NamedTuple):  # rc, out, err = cli(...)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from conftest import THREADS
+from conftest import GPU_LAYERS, THREADS
 
 from localspec.backend import Context
 from localspec.config import GenConfig, LoadConfig
@@ -18,7 +18,8 @@ PROMPTS = ["hello world", "write the code to read a csv file", "the cache is fas
 
 
 def load(target, draft=None, n_ctx=512):
-    return Engine(target, draft, LoadConfig(n_ctx=n_ctx, n_threads=THREADS, n_threads_batch=THREADS))
+    return Engine(target, draft, LoadConfig(n_ctx=n_ctx, n_threads=THREADS, n_threads_batch=THREADS,
+                                            n_gpu_layers_target=GPU_LAYERS[0], n_gpu_layers_draft=GPU_LAYERS[1]))
 
 
 @pytest.fixture(scope="module")

@@ -48,7 +48,10 @@ def test_real_pair_speculative_greedy_matches_plain_up_to_near_ties(real_pair):
     from localspec.engine import Engine
     from localspec.verify import verify_exactness
 
-    e = Engine(real_pair[0], real_pair[1], LoadConfig(n_ctx=1024))
+    from conftest import GPU_LAYERS
+
+    e = Engine(real_pair[0], real_pair[1], LoadConfig(n_ctx=1024, n_gpu_layers_target=GPU_LAYERS[0],
+                                                      n_gpu_layers_draft=GPU_LAYERS[1]))
     cfg = GenConfig(temperature=0.0, spec="on", drafter="model", draft_max=4, max_tokens=40)
     report = verify_exactness(e, [e.prompt_tokens("Write a Python function that reverses a string.")], cfg)
     e.close()

@@ -19,7 +19,10 @@ def add_model_args(p: argparse.ArgumentParser, positional_pair: bool = False) ->
     g.add_argument("--pull", action="store_true", help="download a missing pair instead of stopping")
     g.add_argument("-c", "--ctx-size", type=int, default=None, help="context size in tokens (default: the pair's, or 4096)")
     g.add_argument("-t", "--threads", type=int, default=None, help=f"CPU threads (default: all cores, {default_threads()})")
-    g.add_argument("-ngl", "--n-gpu-layers", type=int, default=None, help="layers to offload to the GPU (-1 = all)")
+    g.add_argument("-ngl", "--n-gpu-layers", type=int, default=None,
+                   help="layers to offload to the GPU (-1 = all; the draft's too unless -ngld is given)")
+    g.add_argument("-ngld", "--n-gpu-layers-draft", type=int, default=None,
+                   help="the draft model's layers on the GPU, like llama.cpp's -ngld (0 = keep the draft on the CPU)")
     g.add_argument("--no-mmap", dest="mmap", action="store_false", default=None,
                    help="read the weights into memory instead of memory-mapping them (the default maps them, "
                         "releasing the mapped pages as they load)")
@@ -84,7 +87,8 @@ def _unit_float(s: str) -> float:
 def model_choice(args) -> ModelChoice:
     return ModelChoice(pair=getattr(args, "pair_opt", None) or getattr(args, "pair", None), target=args.target,
                        draft=args.draft, pull=getattr(args, "pull", False), ctx_size=args.ctx_size,
-                       threads=args.threads, n_gpu_layers=args.n_gpu_layers, mmap=getattr(args, "mmap", None))
+                       threads=args.threads, n_gpu_layers=args.n_gpu_layers, mmap=getattr(args, "mmap", None),
+                       n_gpu_layers_draft=getattr(args, "n_gpu_layers_draft", None))
 
 
 def gen_choice(args) -> GenChoice:

@@ -7,6 +7,7 @@ import sys
 
 from .. import models, paths
 from ..models.hub import parse_hub_ref
+from .common import add_model_args, model_choice
 
 
 def register(sub) -> None:
@@ -35,6 +36,9 @@ def register(sub) -> None:
 
     p = sub.add_parser("doctor", help="llama.cpp build, GPU backend, RAM, the default pair, reinstall commands")
     p.add_argument("--json", action="store_true", help="print the report as JSON")
+    p.add_argument("--load", action="store_true",
+                   help="also load the pair (both models) and say where llama.cpp put each one's layers")
+    add_model_args(p, positional_pair=True)
     p.set_defaults(func=cmd_doctor)
 
 
@@ -151,6 +155,8 @@ def cmd_doctor(args) -> int:
     from .. import doctor
 
     report = doctor.collect()
+    if args.load:
+        report["loaded"] = doctor.placement(model_choice(args))
     if args.json:
         _print_json(report)
     else:
