@@ -105,7 +105,6 @@ class Extras:
     n_indent: int = 0  # /infill: stop at a new line indented less than this
     t_max_predict_ms: int = 0  # stop at the first new line after this many ms of generation
     response_fields: list[str] = field(default_factory=list)
-    n_probs: int = 0
 
 
 def gen_settings(body: dict, defaults: GenConfig, oai: bool) -> tuple[GenConfig, Extras]:
@@ -134,7 +133,7 @@ def gen_settings(body: dict, defaults: GenConfig, oai: bool) -> tuple[GenConfig,
     _samplers(body, cfg)
     _speculative(body, cfg)
     extras = Extras(stream=boolean(body, "stream"), n_indent=integer(body, "n_indent", 0, 0),
-                    t_max_predict_ms=integer(body, "t_max_predict_ms", 0, 0), n_probs=integer(body, "n_probs", 0, 0))
+                    t_max_predict_ms=integer(body, "t_max_predict_ms", 0, 0))
     so = body.get("stream_options")
     if so is not None:
         if not isinstance(so, dict):

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import queue
 import threading
-import time
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -36,7 +35,6 @@ class Job:
     extras: Extras
     emit: Emit
     cancel: threading.Event = field(default_factory=threading.Event)
-    queued_at: float = field(default_factory=time.perf_counter)
 
 
 class ServerSession:
@@ -46,7 +44,6 @@ class ServerSession:
         self.engine.remember_generations = True  # n-gram drafts may copy earlier answers
         self.metrics = Metrics()
         self.jobs: queue.Queue[Job | None] = queue.Queue()
-        self.busy = threading.Lock()  # held while a job (or /tokenize needing the model) runs
         self.thread = threading.Thread(target=self._run, name="localspec-generate", daemon=True)
         self.thread.start()
 
@@ -89,10 +86,9 @@ class ServerSession:
             self._current = job
             self.metrics.processing = 1
             try:
-                with self.busy:
-                    self._serve(job)
-                    if self.jobs.empty():
-                        self._measure_depth()
+                self._serve(job)
+                if self.jobs.empty():
+                    self._measure_depth()
             finally:
                 self.metrics.processing = 0
                 self._current = None
