@@ -107,7 +107,10 @@ def measure_costs(engine, n_max: int = 8, repeats: int = 5, warmup: int = 2, att
 
     The pass sizes are interleaved (1, 2, ..., n_max, 1, 2, ...) so a burst of load from another
     process hits all of them alike, and each figure is a median over `repeats`. Every pass runs at
-    the same depth and is rolled back. A profile that is implausible (a pass over more tokens
+    the same depth and is rolled back. Single-token passes are timed as they run in generation, a
+    few in a row (SINGLES): a GPU build replays a captured graph for repeated single-token passes
+    (CUDA graphs), so one pass between passes of other sizes costs twice a decode step there
+    (H100: 4.05 ms against 2.05 ms). A profile that is implausible (a pass over more tokens
     cheaper than over fewer, beyond noise) is measured again, up to `attempts` times in all.
     Without `load_draft`, a draft model not loaded yet is not loaded for this: its cost is estimated
     from the file sizes (decoding reads every weight once), marked in `extra`, until `localspec tune`."""
@@ -120,26 +123,16 @@ def measure_costs(engine, n_max: int = 8, repeats: int = 5, warmup: int = 2, att
     draft = engine.load_draft() if load_draft else engine.draft_ctx  # auto needs T_draft to judge the model draft
     if draft is not None:
         draft.sync(prompt)
-
-    def one_pass(ctx, n: int) -> float:
-        base = len(ctx.tokens)
-        t0 = time.perf_counter()
-        ctx.eval(prompt[:n], logits="all")
-        dt = time.perf_counter() - t0
-        ctx.truncate(base)
-        return dt
-
     for _ in range(attempts):
         samples: dict[tuple[str, int], list[float]] = {}
         for r in range(warmup + repeats):
-            for n in range(1, n_max + 1):
-                dt = one_pass(tgt, n)
-                if r >= warmup:
-                    samples.setdefault(("t", n), []).append(dt)
-            if draft is not None:
-                dt = one_pass(draft, 1)
-                if r >= warmup:
-                    samples.setdefault(("d", 1), []).append(dt)
+            timed = [(("t", n), _timed_pass(tgt, prompt[:n])) for n in range(2, n_max + 1)]
+            # plain decoding: the steady state of a run (the first of it follows a pass of another size)
+            timed.append((("t", 1), statistics.median(_timed_singles(tgt, prompt[:SINGLES])[1:])))
+            if draft is not None:  # a drafting round: a catch-up pass, then single tokens, as in generation
+                timed.append((("d", 1), statistics.mean(_timed_singles(draft, prompt[:SINGLES]))))
+            for key, dt in (timed if r >= warmup else ()):
+                samples.setdefault(key, []).append(dt)
         t_verify = [statistics.median(samples[("t", n)]) for n in range(1, n_max + 1)]
         t_draft = statistics.median(samples[("d", 1)]) if ("d", 1) in samples else None
         if plausible(t_verify):
@@ -150,6 +143,30 @@ def measure_costs(engine, n_max: int = 8, repeats: int = 5, warmup: int = 2, att
         t_draft, extra = t_verify[0] * ratio, {"t_draft": "estimated from file sizes"}
     return CostProfile(t_decode=t_verify[0], t_verify=t_verify, t_draft=t_draft, depth=depth, extra=extra,
                        measured_at=datetime.now(timezone.utc).isoformat(timespec="seconds"))
+
+
+SINGLES = 4  # single-token passes timed in a row (plain decoding; a drafting round of k = 4)
+
+
+def _timed_pass(ctx, tokens: list[int]) -> float:
+    """Seconds for one pass over `tokens` (all logits read back, as verification does), rolled back."""
+    base = len(ctx.tokens)
+    t0 = time.perf_counter()
+    ctx.eval(tokens, logits="all")
+    dt = time.perf_counter() - t0
+    ctx.truncate(base)
+    return dt
+
+
+def _timed_singles(ctx, tokens: list[int]) -> list[float]:
+    """Seconds for each of len(tokens) single-token passes in a row, then rolled back."""
+    base, out = len(ctx.tokens), []
+    for t in tokens:
+        t0 = time.perf_counter()
+        ctx.eval([t], logits="last")
+        out.append(time.perf_counter() - t0)
+    ctx.truncate(base)
+    return out
 
 
 DEPTH_BUCKETS = (512, 1024, 2048, 4096, 8192, 16384)  # depths measured on top of the base profile's
@@ -166,17 +183,14 @@ def measure_at_depth(ctx, n_max: int, repeats: int = 3, should_stop=lambda: Fals
     back so the cache is left as it was. None when `should_stop()` said to give up (a request came)."""
     base = len(ctx.tokens)
     toks = ctx.tokens[-n_max:]
-    if base < n_max or base + n_max > ctx.n_ctx:
+    if base < n_max or base + max(n_max, SINGLES) > ctx.n_ctx:
         return None
     samples: dict[int, list[float]] = {}
     for r in range(repeats + 1):  # the first round warms up
         for n in range(1, n_max + 1):
             if should_stop():
                 return None
-            t0 = time.perf_counter()
-            ctx.eval(toks[:n], logits="all")
-            dt = time.perf_counter() - t0
-            ctx.truncate(base)
+            dt = statistics.median(_timed_singles(ctx, toks[:SINGLES])[1:]) if n == 1 else _timed_pass(ctx, toks[:n])
             if r:
                 samples.setdefault(n, []).append(dt)
     tv = [statistics.median(samples[n]) for n in range(1, n_max + 1)]

@@ -175,3 +175,41 @@ def test_measure_at_depth_leaves_the_cache_as_it_was(tiny):
     assert (tv is None or len(tv) == 4) and e.target.tokens == toks  # None: timings too noisy to keep
     assert measure_at_depth(e.target, 4, should_stop=lambda: True) is None and e.target.tokens == toks
     e.close()
+
+
+class GraphReplayContext:
+    """A context priced like a GPU build with CUDA graphs: a single-token pass right after another
+    single-token pass replays the captured graph (1 unit); any other pass builds its graph anew."""
+
+    def __init__(self, clock: list[float], scale: float = 1.0):
+        self.clock, self.scale, self.tokens, self.last_n = clock, scale, [], 0
+
+    def sync(self, tokens):
+        self.tokens = list(tokens)
+        self.last_n = len(tokens)
+
+    def eval(self, tokens, logits="last"):
+        n = len(tokens)
+        self.clock[0] += self.scale * (1.0 if n == 1 and self.last_n == 1 else 2.6 + 0.05 * n)
+        self.tokens += list(tokens)
+        self.last_n = n
+
+    def truncate(self, n):
+        del self.tokens[n:]
+
+
+def test_measured_decode_is_the_steady_single_token_pass(monkeypatch):
+    """Plain decoding runs single-token passes back to back, so T_decode is timed that way: a pass
+    between passes of other sizes (a rebuilt GPU graph) would make verification look cheap."""
+    from types import SimpleNamespace
+
+    clock = [0.0]
+    monkeypatch.setattr(predict.time, "perf_counter", lambda: clock[0])
+    target, draft = GraphReplayContext(clock), GraphReplayContext(clock, scale=0.5)
+    engine = SimpleNamespace(target=target, target_model=SimpleNamespace(tokenize=lambda text, special: list(range(20))),
+                             load_draft=lambda: draft, draft_ctx=draft, draft_path="draft.gguf")
+    prof = predict.measure_costs(engine, n_max=4, repeats=3, warmup=1)
+    assert prof.t_decode == prof.t_verify[0] == 1.0
+    assert prof.t_verify[1:] == pytest.approx([2.7, 2.75, 2.8])
+    assert prof.t_draft == pytest.approx(0.5)  # the draft's singles run back to back too
+    assert target.tokens == draft.tokens == (list(range(20)) * 7)[:128]  # every pass rolled back

@@ -53,11 +53,36 @@ def run(engine, prompt, cfg):
     return [c.token for c in chunks if c.token is not None], "".join(c.text for c in chunks), engine.last_stats
 
 
+def margins_and_pair_noise(e, prompt: list[int], tokens: list[int]) -> tuple[np.ndarray, float]:
+    """The target's top-1/top-2 margin at each emitted token (one batched pass over the output), and
+    the largest logit difference there between that pass and the draft model run one token at a
+    time: zero when both run the same weights on the same backend, rounding noise when the target
+    and the draft sit on different devices (or the device's batched kernels round differently)."""
+    seq = prompt + tokens
+    e.target.reset()
+    e.target.eval(prompt[:-1], logits="none")
+    batched = e.target.eval(seq[len(prompt) - 1:-1], logits="all")
+    e.draft_ctx.reset()
+    e.draft_ctx.eval(prompt[:-1], logits="none")
+    single = np.stack([e.draft_ctx.eval([t], logits="last")[0] for t in seq[len(prompt) - 1:-1]])
+    e.target.reset()
+    e.draft_ctx.reset()
+    top2 = np.sort(batched, axis=1)[:, -2:]
+    return top2[:, 1] - top2[:, 0], float(np.abs(batched - single).max())
+
+
 def test_identical_draft_accepts_everything(same):
+    """A draft with the target's weights is rejected only where the two runs can disagree: at a
+    near-tie no wider than the measured noise between them (none at all on one CPU backend)."""
     for text in PROMPTS:
-        tokens, _, st = run(same, same.prompt_tokens(text), greedy())
+        prompt = same.prompt_tokens(text)
+        chunks = list(same.generate(prompt, greedy()))
+        st = same.last_stats
         assert st.drafted > 0
-        assert st.accepted == st.drafted, f"{text!r}: {st.accepted}/{st.drafted}"
+        tokens = [c.token for c in chunks if c.token is not None]
+        margins, noise = margins_and_pair_noise(same, prompt, tokens)
+        near_ties = int((margins[:len(tokens)] <= 2 * noise + 1e-5).sum())
+        assert st.drafted - st.accepted <= near_ties, (text, st.accepted, st.drafted, noise)
         assert st.tokens_by_source.get("model", 0) > 0.7 * st.tokens
 
 
@@ -99,20 +124,31 @@ def test_kv_rollback_matches_fresh_evaluation(perturbed, tiny):
     assert e.target.tokens[:len(seq) - 1] == seq[:-1]
     e.target.truncate(len(seq) - 1)
     after = e.target.eval([seq[-1]], logits="last")[0]
-    fresh = Context(e.target_model, 512, 512, THREADS, THREADS)
-    fresh.eval(seq[:-1], logits="none")
-    expect = fresh.eval([seq[-1]], logits="last")[0]
+    expect = fresh_logits(e, seq, batched=True)
+    # how far apart two correct caches can be: filled in one batch, or one token at a time (a CPU
+    # build rounds both alike; a GPU build, or a CPU one offloading big batches, does not)
+    spread = float(np.abs(fresh_logits(e, seq, batched=False) - expect).max())
     # a cache left holding one rejected draft token gives clearly different logits
-    fresh.truncate(len(seq) - 2)
-    fresh.eval([tokens[0]], logits="none")
-    stale = fresh.eval([seq[-1]], logits="last")[0]
-    fresh.close()
-    # KV entries computed in batches of other shapes round differently: allow a few times the
-    # batched-vs-single noise measured on this model, far below what a stale entry does
-    tol = 5 * logit_noise(e, prompt, n=16) + 1e-3
+    stale = fresh_logits(e, seq[:-2] + [tokens[0]] + seq[-1:], batched=True)
+    tol = 2 * spread + 1e-3
     assert np.abs(after - expect).max() <= tol
     assert int(after.argmax()) == int(expect.argmax())
-    assert np.abs(stale - expect).max() > 10 * tol
+    assert np.abs(stale - expect).max() > 4 * tol, (float(np.abs(stale - expect).max()), spread)
+
+
+def fresh_logits(e, seq: list[int], batched: bool) -> np.ndarray:
+    """The target's logits for the last token of seq in a new context, its cache filled in one
+    batch or one token at a time."""
+    fresh = Context(e.target_model, 512, 512, THREADS, THREADS)
+    try:
+        if batched:
+            fresh.eval(seq[:-1], logits="none")
+        else:
+            for t in seq[:-1]:
+                fresh.eval([t], logits="none")
+        return fresh.eval([seq[-1]], logits="last")[0]
+    finally:
+        fresh.close()
 
 
 def test_draft_cache_stays_in_step_without_reprefill(perturbed):
@@ -210,12 +246,22 @@ def test_stop_string_inside_accepted_draft(same):
     e = same
     prompt = e.prompt_tokens(PROMPTS[0])
     cfg = greedy(max_tokens=40)
-    _, full, st = run(e, prompt, cfg)
-    assert st.accepted == st.drafted
-    stop = full[len(full) // 2: len(full) // 2 + 3]
-    _, cut, st2 = run(e, prompt, cfg.with_(stop=[stop]))
+    chunks = list(e.generate(prompt, cfg))
+    full = "".join(c.text for c in chunks)
+    # the longest run of text that came from accepted draft tokens, and a stop string in its middle
+    runs, text = [], ""
+    for c in chunks:
+        if c.source == "model":
+            text += c.text
+        elif c.token is not None:
+            runs.append(text)
+            text = ""
+    accepted = max(runs + [text], key=len)
+    assert len(accepted) >= 6, accepted
+    stop = accepted[len(accepted) // 2 - 1: len(accepted) // 2 + 2]
+    cut = "".join(c.text for c in e.generate(prompt, cfg.with_(stop=[stop])))
     assert cut == full[:full.index(stop)]
-    assert st2.stop_reason == "stop"
+    assert e.last_stats.stop_reason == "stop"
 
 
 def test_max_tokens_and_plain_mode(perturbed):
