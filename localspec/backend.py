@@ -362,8 +362,8 @@ class MappedPageReleaser:
 
     def __init__(self, path: Path):
         self.real = os.path.realpath(path)
-        self.ranges: list[tuple[int, int]] | None = None
         self.last = 0.0
+        self.failed = False
         self.supported = sys.platform.startswith("linux") and os.path.exists("/proc/self/maps")
         if self.supported:
             self.libc = ctypes.CDLL(None, use_errno=True)
@@ -372,14 +372,15 @@ class MappedPageReleaser:
 
     def _progress(self, progress: float, user_data) -> bool:
         try:
-            if self.ranges is None:
-                self.ranges = self._mapped_ranges()
-            if progress - self.last >= self.STEP or progress >= 1.0:
+            if not self.failed and (progress - self.last >= self.STEP or progress >= 1.0):
                 self.last = progress
-                for start, end in self.ranges:
+                # read the mapping afresh each time: just before the last call llama.cpp unmaps the
+                # parts it copied to a GPU, and an address range freed there may already belong to
+                # another allocation (advising it DONTNEED would zero someone else's memory)
+                for start, end in self._mapped_ranges():
                     self.libc.madvise(start, end - start, self.MADV_DONTNEED)
         except Exception:  # never let a memory optimisation break a load
-            self.ranges = []
+            self.failed = True
         return True  # go on loading
 
     def _mapped_ranges(self) -> list[tuple[int, int]]:
