@@ -127,9 +127,8 @@ def measure_costs(engine, n_max: int = 8, repeats: int = 5, warmup: int = 2, att
         samples: dict[tuple[str, int], list[float]] = {}
         for r in range(warmup + repeats):
             timed = [(("t", n), _timed_pass(tgt, prompt[:n])) for n in range(2, n_max + 1)]
-            # plain decoding: the steady state of a run (the first of it follows a pass of another size)
-            timed.append((("t", 1), statistics.median(_timed_singles(tgt, prompt[:SINGLES])[1:])))
-            if draft is not None:  # a drafting round: a catch-up pass, then single tokens, as in generation
+            timed.append((("t", 1), _steady_single_s(tgt, prompt[:SINGLES])))
+            if draft is not None:  # a drafting round: single tokens in a row, as the draft model proposes them
                 timed.append((("d", 1), statistics.mean(_timed_singles(draft, prompt[:SINGLES]))))
             for key, dt in (timed if r >= warmup else ()):
                 samples.setdefault(key, []).append(dt)
@@ -156,6 +155,12 @@ def _timed_pass(ctx, tokens: list[int]) -> float:
     dt = time.perf_counter() - t0
     ctx.truncate(base)
     return dt
+
+
+def _steady_single_s(ctx, tokens: list[int]) -> float:
+    """Plain decoding's cost: the steady state of a run of single-token passes (the first of the run
+    follows a pass of another size, so it is left out)."""
+    return statistics.median(_timed_singles(ctx, tokens)[1:])
 
 
 def _timed_singles(ctx, tokens: list[int]) -> list[float]:
@@ -190,7 +195,7 @@ def measure_at_depth(ctx, n_max: int, repeats: int = 3, should_stop=lambda: Fals
         for n in range(1, n_max + 1):
             if should_stop():
                 return None
-            dt = statistics.median(_timed_singles(ctx, toks[:SINGLES])[1:]) if n == 1 else _timed_pass(ctx, toks[:n])
+            dt = _steady_single_s(ctx, toks[:SINGLES]) if n == 1 else _timed_pass(ctx, toks[:n])
             if r:
                 samples.setdefault(n, []).append(dt)
     tv = [statistics.median(samples[n]) for n in range(1, n_max + 1)]

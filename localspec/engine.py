@@ -119,6 +119,11 @@ class Engine:
         p = self.profile
         return p.verify(n_tokens) if p is not None and n_tokens <= len(p.t_verify) else None
 
+    @property
+    def decode_threads(self) -> int:
+        """The threads single-token and short passes use now (the governor's count, or the fixed one)."""
+        return self.governor.threads if self.governor else self.load.n_threads
+
     def _set_threads(self, n: int) -> None:
         for ctx in (self.target, self.draft_ctx):
             if ctx is not None:
@@ -133,7 +138,7 @@ class Engine:
                 model = Model(self.draft_path, load.n_gpu_layers_draft, mmap=load.mmap)
                 try:
                     require_compatible(self.target_model.vocab_info(), model.vocab_info())
-                    threads = self.governor.threads if self.governor else load.n_threads
+                    threads = self.decode_threads
                     self.draft_ctx = Context(model, load.n_ctx, load.n_batch, threads, threads)
                 except BaseException:
                     model.close()
@@ -230,7 +235,7 @@ class Engine:
             stats.generation_s = time.perf_counter() - t_gen
             stats.decode_s = tgt.decode_s + self._draft_decode_s() - decode_before
             stats.policy = policy.describe()
-            stats.threads = self.governor.threads if self.governor else self.load.n_threads
+            stats.threads = self.decode_threads
             if self.governor:
                 stats.thread_changes = [[a, b, why] for t, a, b, why in self.governor.changes if t >= t0]
         tail = text.flush()

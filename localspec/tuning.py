@@ -9,6 +9,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import time
 from pathlib import Path
 
 from . import paths
@@ -112,8 +113,6 @@ def threads_hint(max_threads: int) -> int | None:
     """The thread count the last process settled on, if it was recent and fewer than the maximum: a
     `run` under load then starts (and evaluates its prompt) at the count that was fastest, instead of
     learning it again from slow passes."""
-    import time
-
     try:
         h = json.loads(_hint_file().read_text())
         n, at = int(h["threads"]), float(h["at"])
@@ -123,8 +122,6 @@ def threads_hint(max_threads: int) -> int | None:
 
 
 def save_threads_hint(n: int) -> None:
-    import time
-
     try:
         f = _hint_file()
         f.parent.mkdir(parents=True, exist_ok=True)
