@@ -59,6 +59,60 @@ def verify_exactness(engine, prompts: list[list[int]], cfg: GenConfig) -> dict:
         margin = margins[parted] if parted is not None and parted < len(margins) else None
         results.append({"tokens": len(plain), "parted_at": parted, "margin": margin,
                         "near_tie": parted is None or (margin is not None and margin <= bound),
-                        "acceptance_rate": st.acceptance_rate})
+                        "acceptance_rate": st.acceptance_rate,
+                        # what another build's report is compared with (compare_builds)
+                        "prompt": list(prompt), "plain": plain, "spec": spec,
+                        "margins": [round(x, 5) for x in margins]})
     ok = all(r["near_tie"] for r in results)
-    return {"noise": noise, "near_tie_bound": bound, "prompts": results, "verdict": "OK" if ok else "MISMATCH"}
+    return {"noise": noise, "near_tie_bound": bound, "max_tokens": cfg.max_tokens, "prompts": results,
+            "verdict": "OK" if ok else "MISMATCH"}
+
+
+# --- one build against another ----------------------------------------------------------------
+# Two builds (CPU and Vulkan, say) run the same weights through different kernels, so their logits
+# differ by some rounding noise and greedy decoding may pick the other token where the top two are
+# that close. A parting between the builds' outputs is a near-tie when, at that token, both builds'
+# plain runs saw a top-1/top-2 margin within twice the larger noise: each build's own (batched vs
+# single-token) and the one between them, read off the margins both computed for the same context.
+
+def first_parting(a: list[int], b: list[int]) -> int | None:
+    """Index of the first token where a and b differ (or where the shorter one ended), or None."""
+    i = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), None)
+    return min(len(a), len(b)) if i is None and len(a) != len(b) else i
+
+
+def _margin_at(result: dict, seq: list[int], i: int) -> float | None:
+    """This build's plain-run margin at token i of seq, if its plain run had seq's context there."""
+    plain, margins = result["plain"], result["margins"]
+    return margins[i] if i < len(margins) and plain[:i] == seq[:i] else None
+
+
+def compare_builds(here: dict, there: dict) -> dict:
+    """Compare two `verify_exactness` reports of the same prompts made by two builds (or placements)."""
+    pairs = list(zip(here["prompts"], there["prompts"]))
+    if len(here["prompts"]) != len(there["prompts"]) or any(a["prompt"] != b["prompt"] for a, b in pairs):
+        raise ValueError("the two reports are not of the same prompts and model")
+    if here["max_tokens"] != there["max_tokens"]:
+        raise ValueError(f"the two reports ran {here['max_tokens']} and {there['max_tokens']} tokens; use the same -n")
+    cross = 0.0  # margins of one context should agree up to twice the logit noise between the builds
+    for a, b in pairs:
+        n = first_parting(a["plain"], b["plain"])
+        for x, y in list(zip(a["margins"], b["margins"]))[:n if n is not None else None]:
+            cross = max(cross, abs(x - y) / 2)
+    bound = 2.0 * max(here["noise"], there["noise"], cross, 5e-5)
+    out = []
+    for a, b in pairs:
+        row = {}
+        for kind in ("plain", "spec"):
+            i = first_parting(a[kind], b[kind])
+            m = (_margin_at(a, a[kind], i), _margin_at(b, b[kind], i)) if i is not None else (None, None)
+            known = [x for x in m if x is not None]
+            # no margin known: both speculative runs had parted from their own plain runs before
+            # this token, which each build's own verdict judged
+            tie = True if i is None else (max(known) <= bound if known else None)
+            row[kind] = {"parted_at": i, "margins": list(m), "tokens": [len(a[kind]), len(b[kind])],
+                         "near_tie": tie}
+        out.append(row)
+    ok = here["verdict"] == there["verdict"] == "OK" and all(r[k]["near_tie"] is not False for r in out
+                                                            for k in ("plain", "spec"))
+    return {"cross_noise": cross, "near_tie_bound": bound, "prompts": out, "verdict": "OK" if ok else "MISMATCH"}

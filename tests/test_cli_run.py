@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -63,6 +64,43 @@ def test_verify_reports_ok(tiny, cli):
     assert rc == 0, out + err
     assert out.strip().splitlines()[-1] == "verdict: OK"
     assert out.startswith("logit noise between batched and single-token evaluation: ")
+
+
+def test_verify_against_another_build(tiny, cli, tmp_path):
+    """--against compares with another build's report; replayed here with the same build (identical) and
+    with other weights under the same vocabulary standing in for a build that computes something else."""
+    rc, out, err = cli("verify", *pair(tiny, tiny.perturbed), "-n", "24", "--json")
+    assert rc == 0, err
+    report = tmp_path / "cpu.json"
+    report.write_text(out)
+    assert {"prompt", "plain", "spec", "margins"} <= set(json.loads(out)["prompts"][0])
+    rc, out, err = cli("verify", *pair(tiny, tiny.perturbed), "-n", "24", "--against", str(report))
+    assert rc == 0, out + err
+    lines = out.strip().splitlines()
+    assert lines[-1] == f"verdict against {report}: OK"
+    assert lines[-8].startswith(f"against {report}: logit noise between the two builds 0.0000")
+    assert all(re.fullmatch(r"prompt \d, (plain|speculative): identical \(\d+ tokens\)", x) for x in lines[-7:-1]), out
+
+    other = ["--target", str(tiny.bad), *pair(tiny, tiny.perturbed)[2:]]
+    rc, out, err = cli("verify", *other, "-n", "24", "--against", str(report))
+    assert rc == 1 and err == ""
+    assert "NOT a near-tie" in out and out.strip().endswith(f"verdict against {report}: MISMATCH")
+
+    rc, out, err = cli("verify", *pair(tiny, tiny.perturbed), "-n", "12", "--against", str(report))
+    _one_line_error(rc, out, err, "ran 12 and 24 tokens", "same -n")
+
+
+@pytest.mark.parametrize("content,needle", [
+    (None, "cannot read"),
+    (b"{not json", "is not JSON"),
+    (b'{"prompts": []}', "is not a `localspec verify --json` report"),
+    (b"\xff\xfe junk", "is not UTF-8"),
+])
+def test_verify_against_bad_report(tiny, cli, tmp_path, content, needle):
+    f = tmp_path / "report.json"
+    if content is not None:
+        f.write_bytes(content)
+    _one_line_error(*cli("verify", *pair(tiny), "--against", str(f)), needle)
 
 
 def _one_line_error(rc, out, err, *needles):

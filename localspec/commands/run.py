@@ -28,6 +28,9 @@ def register(sub) -> None:
     v.add_argument("-n", "--max-tokens", type=int, default=64)
     v.add_argument("--drafter", choices=["model", "ngram", "hybrid"], default=None)
     v.add_argument("--json", action="store_true")
+    v.add_argument("--against", metavar="REPORT.json",
+                   help="also compare with another build's `verify --json` report (a CPU build vs a GPU "
+                        "build, say): where the outputs part, both margins must be near-ties")
     v.set_defaults(func=cmd_verify)
 
 
@@ -161,14 +164,16 @@ def cmd_verify(args) -> int:
     from ..config import GenConfig
     from ..verify import verify_exactness
 
+    other = read_verify_report(args.against) if args.against else None
     choice = model_choice(args)
     sel = select_models(choice)
     cfg = GenConfig(temperature=0.0, spec="on", draft_max=args.draft_max, max_tokens=args.max_tokens,
                     drafter=args.drafter or ("model" if sel.draft else "ngram"))
     engine = open_engine(sel, load_config(choice, sel))
     report = verify_exactness(engine, [engine.prompt_tokens(p) for p in VERIFY_PROMPTS], cfg)
+    against = compare_reports(report, other, args.against) if other is not None else None
     if args.json:
-        print(json.dumps(report, indent=2))
+        print(json.dumps(report | ({"against": against} if against else {}), indent=2))
     else:
         print(f"logit noise between batched and single-token evaluation: {report['noise']:.4f} "
               f"(near-tie bound {report['near_tie_bound']:.4f})")
@@ -179,4 +184,49 @@ def cmd_verify(args) -> int:
                 print(f"prompt {i + 1}: parted at token {r['parted_at']}, plain-run top-1/top-2 margin "
                       f"{r['margin']:.4f} ({'near-tie' if r['near_tie'] else 'NOT a near-tie'})")
         print(f"verdict: {report['verdict']}")
-    return 0 if report["verdict"] == "OK" else 1
+        if against:
+            print_comparison(against, args.against)
+    ok = report["verdict"] == "OK" and (against is None or against["verdict"] == "OK")
+    return 0 if ok else 1
+
+
+def read_verify_report(path: str) -> dict:
+    """Another build's `verify --json` output, checked before any model loads."""
+    try:
+        with open(path, "rb") as f:
+            obj = json.loads(decode_text(f.read(), path))
+    except OSError as e:
+        raise ConfigError(f"cannot read {path}: {e.strerror}; give a file written by `localspec verify --json`") from None
+    except json.JSONDecodeError as e:
+        raise ConfigError(f"{path} is not JSON ({e.msg} at line {e.lineno}); give a file written by "
+                          "`localspec verify --json`") from None
+    prompts = obj.get("prompts") if isinstance(obj, dict) else None
+    fields = ("prompt", "plain", "spec", "margins")
+    if not (isinstance(prompts, list) and prompts and {"noise", "max_tokens", "verdict"} <= obj.keys()
+            and all(isinstance(p, dict) and all(isinstance(p.get(k), list) for k in fields) for p in prompts)):
+        raise ConfigError(f"{path} is not a `localspec verify --json` report of this version; make it again")
+    return obj
+
+
+def compare_reports(report: dict, other: dict, path: str) -> dict:
+    from ..verify import compare_builds
+
+    try:
+        return compare_builds(report, other)
+    except (ValueError, TypeError) as e:
+        raise ConfigError(f"cannot compare with {path}: {e}") from None
+
+
+def print_comparison(c: dict, path: str) -> None:
+    print(f"against {path}: logit noise between the two builds {c['cross_noise']:.4f} "
+          f"(near-tie bound {c['near_tie_bound']:.4f})")
+    for i, row in enumerate(c["prompts"]):
+        for kind, label in (("plain", "plain"), ("spec", "speculative")):
+            r = row[kind]
+            if r["parted_at"] is None:
+                print(f"prompt {i + 1}, {label}: identical ({r['tokens'][0]} tokens)")
+                continue
+            margins = "/".join("?" if m is None else f"{m:.4f}" for m in r["margins"])
+            judged = {True: "near-tie", False: "NOT a near-tie", None: "both parted from plain earlier"}[r["near_tie"]]
+            print(f"prompt {i + 1}, {label}: parted at token {r['parted_at']}, margins here/there {margins} ({judged})")
+    print(f"verdict against {path}: {c['verdict']}")
