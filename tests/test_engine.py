@@ -92,13 +92,20 @@ def test_greedy_tokens_are_target_argmax(perturbed):
     e = perturbed
     for text in PROMPTS:
         prompt = e.prompt_tokens(text)
-        bound = 2 * logit_noise(e, prompt) + 1e-5
+        noise = logit_noise(e, prompt)
         tokens, _, st = run(e, prompt, greedy())
         assert 0 < st.accepted < st.drafted  # partial acceptance: both paths exercised
         seq = prompt + tokens
+        rows = seq[len(prompt) - 1:-1]
         e.target.reset()
         e.target.eval(prompt[:-1], logits="none")
-        logits = e.target.eval(seq[len(prompt) - 1:-1], logits="all")  # row i predicts tokens[i]
+        logits = e.target.eval(rows, logits="all")  # row i predicts tokens[i]
+        # the noise of this one long batch against single-token passes, on these very rows: a GPU
+        # backend may take other kernels for a long batch than for the short ones measured on the
+        # prompt (lavapipe from Mesa 25: 0.016 logit here, 8e-6 there)
+        e.target.truncate(len(prompt) - 1)
+        singles = np.stack([e.target.eval([t], logits="last")[0] for t in rows])
+        bound = 2 * max(noise, float(np.abs(logits - singles).max())) + 1e-5
         for i, tok in enumerate(tokens):
             best = int(logits[i].argmax())
             assert tok == best or logits[i][best] - logits[i][tok] <= bound, (text, i)
