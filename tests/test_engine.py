@@ -82,7 +82,9 @@ def test_identical_draft_accepts_everything(same):
         tokens = [c.token for c in chunks if c.token is not None]
         margins, noise = margins_and_pair_noise(same, prompt, tokens)
         near_ties = int((margins[:len(tokens)] <= 2 * noise + 1e-5).sum())
-        assert st.drafted - st.accepted <= near_ties, (text, st.accepted, st.drafted, noise)
+        # one disagreement costs the rest of its round's draft, so count rounds that stopped short
+        # (lavapipe target, CPU draft: 1 such round, 3 tokens, at 2 near-ties)
+        assert st.draft_rounds - st.full_rounds <= near_ties, (text, st.accepted, st.drafted, noise)
         assert st.tokens_by_source.get("model", 0) > 0.7 * st.tokens
 
 
