@@ -53,9 +53,7 @@ def verify_exactness(engine, prompts: list[list[int]], cfg: GenConfig) -> dict:
         plain, margins = plain_greedy_with_margins(engine, prompt, cfg.max_tokens)
         spec = [c.token for c in engine.generate(prompt, cfg) if c.token is not None]
         st = engine.last_stats
-        parted = next((i for i, (a, b) in enumerate(zip(plain, spec)) if a != b), None)
-        if parted is None and len(plain) != len(spec) and min(len(plain), len(spec)) < cfg.max_tokens:
-            parted = min(len(plain), len(spec))  # one run ended (EOS) where the other went on
+        parted = first_parting(plain, spec)
         margin = margins[parted] if parted is not None and parted < len(margins) else None
         results.append({"tokens": len(plain), "parted_at": parted, "margin": margin,
                         "near_tie": parted is None or (margin is not None and margin <= bound),
@@ -97,7 +95,7 @@ def compare_builds(here: dict, there: dict) -> dict:
     cross = 0.0  # margins of one context should agree up to twice the logit noise between the builds
     for a, b in pairs:
         n = first_parting(a["plain"], b["plain"])
-        for x, y in list(zip(a["margins"], b["margins"]))[:n if n is not None else None]:
+        for x, y in list(zip(a["margins"], b["margins"]))[:n]:
             cross = max(cross, abs(x - y) / 2)
     bound = 2.0 * max(here["noise"], there["noise"], cross, 5e-5)
     out = []
