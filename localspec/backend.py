@@ -154,6 +154,10 @@ class Model:
     def is_eog(self, token: int) -> bool:
         return bool(self._eog[token])
 
+    def eog_tokens(self) -> list[int]:
+        """Every end-of-generation token of the vocabulary (EOS, EOT, <|im_end|>, FIM's ends, ...)."""
+        return [int(t) for t in np.flatnonzero(self._eog)]
+
     def close(self) -> None:
         if getattr(self, "ptr", None):
             self.L.llama_model_free(self.ptr)

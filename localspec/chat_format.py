@@ -11,6 +11,18 @@ import datetime as _dt
 from .errors import ConfigError
 
 
+# The roles a conversation may hold, and the names clients use for them: newer OpenAI SDKs and agents
+# send `developer` where older ones send `system`; chat templates know only the latter.
+ROLES = ("system", "user", "assistant", "tool")
+ROLE_ALIASES = {"developer": "system"}
+
+
+def canonical_role(role: str) -> str | None:
+    """The role a template renders for a client's role name, or None for a role no template knows."""
+    role = ROLE_ALIASES.get(role, role)
+    return role if role in ROLES else None
+
+
 def _raise(msg):
     raise ConfigError(f"the chat template refused this conversation: {msg}")
 

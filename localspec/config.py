@@ -40,6 +40,9 @@ class GenConfig:
     stop: list[str] = field(default_factory=list)  # stop strings; no text past one is ever emitted
     stop_tokens: frozenset[int] = frozenset()  # token ids that end generation besides the model's EOG set (FIM)
 
+    # --- constraints on the target's distribution (drafts are judged against the constrained target) ---
+    logit_bias: dict[int, float] = field(default_factory=dict)  # token id -> added logit (-inf bans it)
+
     def with_(self, **kw) -> "GenConfig":
         return replace(self, **kw)
 

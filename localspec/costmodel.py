@@ -14,6 +14,7 @@ cheap (T_verify(5) = 3.15 x T_decode measured here), which is why the profile is
 from __future__ import annotations
 
 import json
+import math
 import statistics
 import time
 from dataclasses import asdict, dataclass, field, replace
@@ -73,17 +74,59 @@ class CostProfile:
         return [t / self.t_decode for t in self.t_verify]
 
     def save(self, path: Path) -> None:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(asdict(self), indent=2))
-        tmp.replace(path)
+        from .paths import write_atomic
+
+        write_atomic(path, json.dumps(asdict(self), indent=2))
 
     @classmethod
     def load(cls, path: Path) -> "CostProfile | None":
+        """The stored profile; None when there is none. A file that is not a profile of this version
+        (corrupt, truncated, fields of another type) raises ValueError saying what is wrong with it."""
         try:
-            return cls(**json.loads(path.read_text()))
-        except (OSError, ValueError, TypeError):
+            raw = path.read_text()
+        except FileNotFoundError:
             return None
+        except OSError as e:
+            raise ValueError(f"unreadable: {e.strerror or e}") from None
+        try:
+            data = json.loads(raw)
+        except ValueError:
+            raise ValueError("not valid JSON") from None
+        problem = _profile_problem(data)
+        if problem:
+            raise ValueError(problem)
+        return cls(**data)
+
+
+def _is_seconds(x) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x) and x >= 0
+
+
+def _profile_problem(d) -> str | None:
+    """What makes a stored profile unusable (None: nothing): checked field by field, so a file from a
+    future version or a hand edit is measured again instead of breaking every run."""
+    if not isinstance(d, dict):
+        return "not a JSON object"
+    unknown = set(d) - set(CostProfile.__dataclass_fields__)
+    if unknown:
+        return f"unknown field {sorted(unknown)[0]!r}"
+
+    def series(v) -> bool:
+        return isinstance(v, list) and len(v) >= 2 and all(_is_seconds(x) and x > 0 for x in v)
+
+    checks = {"t_decode": lambda v: _is_seconds(v) and v > 0, "t_verify": series,
+              "t_draft": lambda v: v is None or _is_seconds(v), "t_ngram": _is_seconds,
+              "key": lambda v: isinstance(v, str), "measured_at": lambda v: isinstance(v, str),
+              "extra": lambda v: isinstance(v, dict),
+              "depth": lambda v: isinstance(v, int) and not isinstance(v, bool) and v > 0,
+              "by_depth": lambda v: isinstance(v, dict) and all(k.isdigit() and series(x) for k, x in v.items())}
+    for name in ("t_decode", "t_verify"):
+        if name not in d:
+            return f"no {name!r}"
+    for name, ok in checks.items():
+        if name in d and not ok(d[name]):
+            return f"{name!r} has the wrong type or value"
+    return None
 
 
 def predicted_speedup(alpha: float | list[float], k: int, costs: CostProfile, source: str = "model") -> float:

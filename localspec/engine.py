@@ -22,7 +22,7 @@ from .config import GenConfig, LoadConfig
 from .drafters import Draft, DraftFloor, DraftModel, HybridDrafter, NgramDrafter
 from .errors import ConfigError, ContextFullError
 from .policy import FixedK, make_policy
-from .sampling import accept_greedy, accept_token, logits_to_probs, residual, sample
+from .sampling import accept_greedy, accept_token, apply_logit_bias, logits_to_probs, residual, sample
 from .stats import Stats
 from .text import TextStream
 from .threads import ThreadGovernor
@@ -46,6 +46,8 @@ def speculative_decode(target: Context, drafter, policy, seq: list[int], cfg: Ge
         t1 = time.perf_counter()
         # 2. verify: the pending token and the whole draft in ONE target pass, logits on each row
         logits = target.eval([seq[-1], *draft.tokens], logits="all")
+        if cfg.logit_bias:  # constraints shape the target's distribution, never the drafts'
+            logits = apply_logit_bias(logits, cfg.logit_bias)
         t2 = time.perf_counter()
         # 3. accept the agreeing prefix; the first disagreement (or the bonus) is the target's own
         if greedy:

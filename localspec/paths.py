@@ -11,6 +11,7 @@ The user's pair file lives in the platformdirs config dir (or $LOCALSPEC_HOME/mo
 from __future__ import annotations
 
 import os
+import tempfile
 from pathlib import Path
 
 import platformdirs
@@ -32,6 +33,25 @@ def ensure(p: Path) -> Path:
     except OSError as e:
         raise ConfigError(f"cannot create {p} ({e.strerror or e}); set LOCALSPEC_HOME to a writable directory") from None
     return p
+
+
+def write_atomic(path: Path, text: str) -> None:
+    """Write a whole file or nothing: a unique temporary name beside it (two processes saving the same
+    file never share one), then one rename. Raises OSError (an unwritable or full disk); the caller
+    decides whether that matters."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
 
 
 def models_dir() -> Path:

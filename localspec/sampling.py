@@ -61,6 +61,15 @@ def _top_p(x: np.ndarray, idx: np.ndarray | None, top_p: float) -> np.ndarray:
     return order[:max(1, cut)]
 
 
+def apply_logit_bias(logits: np.ndarray, bias: dict[int, float]) -> np.ndarray:
+    """Add a fixed bias per token id to every row, in place (-inf bans a token): OpenAI's and
+    llama-server's `logit_bias`. The loop applies it to the target's rows before accepting, so a draft
+    token the bias forbids is rejected and the output is the biased target's, drafts or not."""
+    ids = np.fromiter(bias.keys(), dtype=np.int64, count=len(bias))
+    logits[..., ids] += np.fromiter(bias.values(), dtype=logits.dtype, count=len(bias))
+    return logits
+
+
 def sample(probs: np.ndarray, rng: np.random.Generator) -> int:
     """Draw one token id. Inverse-CDF on the cumulative sum: one uniform per draw."""
     c = np.cumsum(probs)

@@ -175,14 +175,14 @@ def ensure_profile(engine, spec: str = "auto", notify: Notify | None = None, rem
     from .tuning import load_profile, tune
 
     if remeasure or (spec == "auto" and engine.profile is None):
-        prof = None if remeasure else load_profile(engine)
+        prof = None if remeasure else load_profile(engine, notify)
         if prof is None and measure:
             if notify is not None:
                 notify(MEASURING_NOTE)
             prof = tune(engine, quick=not remeasure)
         engine.profile = prof
     elif engine.profile is None:
-        engine.profile = load_profile(engine)
+        engine.profile = load_profile(engine, notify)
     return engine.profile
 
 

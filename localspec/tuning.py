@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import time
 from pathlib import Path
 
@@ -46,9 +45,17 @@ def profile_path(key: str):
 QUICK_N_MAX = 6  # auto extrapolates longer verification passes linearly from the last two
 
 
-def load_profile(engine) -> CostProfile | None:
+def load_profile(engine, notify=None) -> CostProfile | None:
+    """The stored profile of this engine's (pair, device, threads), or None. A stored file that is not
+    usable is reported in one line through `notify` and treated as absent (it is measured again)."""
     key = profile_key(engine)
-    prof = CostProfile.load(profile_path(key))
+    path = profile_path(key)
+    try:
+        prof = CostProfile.load(path)
+    except ValueError as e:
+        if notify is not None:
+            notify(f"note: ignoring {path} ({e}); measuring the pass costs again")
+        return None
     return prof if prof and prof.key == key else None
 
 
@@ -84,15 +91,14 @@ def check_pair(target: Path, draft: Path) -> None:
         known = json.loads(store.read_text())
     except (OSError, ValueError):
         known = {}
+    if not isinstance(known, dict):  # valid JSON of another shape: start afresh
+        known = {}
     if known.get(key) is True:
         return
     require_compatible(vocab_info_from_header(target), vocab_info_from_header(draft))
     known[key] = True
     try:
-        store.parent.mkdir(parents=True, exist_ok=True)
-        tmp = store.with_suffix(f".{os.getpid()}.tmp")
-        tmp.write_text(json.dumps(known, indent=1))
-        tmp.replace(store)
+        paths.write_atomic(store, json.dumps(known, indent=1))
     except OSError:  # a read-only data dir: the check simply runs again next time
         pass
 
@@ -123,10 +129,6 @@ def threads_hint(max_threads: int) -> int | None:
 
 def save_threads_hint(n: int) -> None:
     try:
-        f = _hint_file()
-        f.parent.mkdir(parents=True, exist_ok=True)
-        tmp = f.with_suffix(f".{os.getpid()}.tmp")
-        tmp.write_text(json.dumps({"threads": n, "at": time.time()}))
-        tmp.replace(f)
+        paths.write_atomic(_hint_file(), json.dumps({"threads": n, "at": time.time()}))
     except OSError:
         pass

@@ -3,6 +3,7 @@ package, httpx with llama.vim's and llama.vscode's exact /infill request bodies,
 
 from __future__ import annotations
 
+import http.client
 import json
 import threading
 
@@ -49,10 +50,10 @@ def oai(server):
     return openai.OpenAI(base_url=server.url + "/v1", api_key="none", max_retries=0)
 
 
-def post(server, path: str, body, **kw) -> httpx.Response:
+def post(server, path: str, body, headers_extra: dict | None = None, **kw) -> httpx.Response:
     content = body if isinstance(body, (bytes, str)) else json.dumps(body)
-    return httpx.post(server.url + path, content=content, headers={"Content-Type": "application/json"},
-                      timeout=120, **kw)
+    return httpx.post(server.url + path, content=content,
+                      headers={"Content-Type": "application/json", **(headers_extra or {})}, timeout=120, **kw)
 
 
 # --- the openai package ----------------------------------------------------------------------------
@@ -86,9 +87,25 @@ def test_completions_with_the_openai_package(oai):
     assert [m.id for m in models.data] == ["fim-target"]
 
 
+def test_any_model_name_is_served_by_the_one_pair(oai, server):
+    """llama-server's one-model contract: aider's gpt-4o, LangChain's gpt-3.5-turbo, llama.vim's "" all get the
+    loaded pair, and the reply names it."""
+    for name in ("gpt-4o", "gpt-3.5-turbo", "", "FIM-TARGET"):
+        r = oai.chat.completions.create(model=name, messages=[{"role": "user", "content": "hi"}], max_tokens=2)
+        assert r.model == "fim-target", name
+    # llama.vim's exact header with no key configured (httpx refuses to send it; curl, which llama.vim uses, does)
+    conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=60)
+    conn.request("POST", "/infill", json.dumps({"model": "", "input_prefix": "def f(", "input_suffix": ")",
+                                                "n_predict": 2}),
+                 {"Content-Type": "application/json", "Authorization": "Bearer "})
+    resp = conn.getresponse()
+    assert resp.status == 200, resp.read()
+    conn.close()
+    r = post(server, "/v1/chat/completions", {"model": ["x"], "messages": [{"role": "user", "content": "hi"}]})
+    assert r.status_code == 400 and '"model" must be a string' in r.json()["error"]["message"]
+
+
 def test_errors_surface_as_the_sdks_exceptions(oai):
-    with pytest.raises(openai.NotFoundError):
-        oai.chat.completions.create(model="gpt-4o", messages=[{"role": "user", "content": "hi"}])
     with pytest.raises(openai.BadRequestError) as e:
         oai.chat.completions.create(model="fim-target", messages=[])
     assert "messages" in str(e.value)
@@ -173,7 +190,11 @@ def test_bad_input_gets_an_error_json_and_the_server_stays_up(server):
         ({"messages": [{"role": "user", "content": "hi"}], "stop": [1, 2]}, 400, '"stop"'),
         ({"messages": "hi"}, 400, '"messages"'),
         ({"messages": [{"role": "user", "content": [{"type": "image_url"}]}]}, 400, "text"),
-        ({"messages": [{"role": "user", "content": "hi"}], "model": "llama3"}, 404, "not found"),
+        ({"messages": [{"role": "user", "content": "hi"}], "model": {"id": "x"}}, 400, '"model"'),
+        ({"messages": [{"role": "wizard", "content": "hi"}]}, 400, 'messages[0].role "wizard"'),
+        (b'{"messages": [{"role": "user", "content": "cut \\ud83d"}]}', 400, "messages[0].content"),
+        (b'{"a":' * 100000 + b'1' + b'}' * 100000, 400, "nested too deeply"),
+        ({"messages": [{"role": "user", "content": "hi"}], "logit_bias": {"5": "x"}}, 400, '"logit_bias"'),
         ({"messages": [{"role": "user", "content": "hi"}], "spec": "sometimes"}, 400, '"spec"'),
     ]
     for body, status, words in cases:

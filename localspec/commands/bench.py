@@ -11,7 +11,7 @@ from pathlib import Path
 from ..config import GenConfig
 from ..errors import ConfigError, LocalspecError
 from ..session import ensure_profile, load_config, open_engine, select_models
-from .common import add_model_args, model_choice, nonneg_int, pos_int, stderr_note
+from .common import add_model_args, model_choice, nonneg_float, nonneg_int, pos_int, seed_arg, stderr_note
 
 COST_N_MAX = 16
 
@@ -47,8 +47,8 @@ def register(sub) -> None:
     g.add_argument("--repeat", type=pos_int, default=1, metavar="R", help="A/B rounds per prompt (default 1)")
     g.add_argument("--baseline-every", type=pos_int, default=1, metavar="N",
                    help="a plain run after every N speculative runs (default 1: A B A B ...)")
-    g.add_argument("--temperature", "--temp", type=float, default=0.0, help="0 = greedy (default)")
-    g.add_argument("--seed", type=int, default=0, help="sampling seed, shared by each A/B pair (default 0)")
+    g.add_argument("--temperature", "--temp", type=nonneg_float, default=0.0, help="0 = greedy (default)")
+    g.add_argument("--seed", type=seed_arg, default=0, help="sampling seed, shared by each A/B pair (default 0)")
     g.add_argument("--no-warmup", action="store_true", help="skip the short untimed warm-up generations")
     g.add_argument("--background-load", type=nonneg_int, default=0, metavar="N",
                    help="run N busy processes (one core each) during the runs, to measure speed on a busy machine")

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import argparse
+import math
+import os
 import sys
 
 from ..config import GenConfig, default_threads
@@ -17,11 +19,12 @@ def add_model_args(p: argparse.ArgumentParser, positional_pair: bool = False) ->
     g.add_argument("--target", metavar="GGUF", help="target model file (overrides the pair)")
     g.add_argument("--draft", metavar="GGUF", help="draft model file (needs --target)")
     g.add_argument("--pull", action="store_true", help="download a missing pair instead of stopping")
-    g.add_argument("-c", "--ctx-size", type=int, default=None, help="context size in tokens (default: the pair's, or 4096)")
-    g.add_argument("-t", "--threads", type=int, default=None, help=f"CPU threads (default: all cores, {default_threads()})")
-    g.add_argument("-ngl", "--n-gpu-layers", type=int, default=None,
+    g.add_argument("-c", "--ctx-size", type=pos_int, default=None, help="context size in tokens (default: the pair's, or 4096)")
+    g.add_argument("-t", "--threads", type=threads_arg, default=None,
+                   help=f"CPU threads, 1 to {max_threads()} (default: all cores, {default_threads()})")
+    g.add_argument("-ngl", "--n-gpu-layers", type=gpu_layers, default=None,
                    help="layers to offload to the GPU (-1 = all; the draft's too unless -ngld is given)")
-    g.add_argument("-ngld", "--n-gpu-layers-draft", type=int, default=None,
+    g.add_argument("-ngld", "--n-gpu-layers-draft", type=gpu_layers, default=None,
                    help="the draft model's layers on the GPU, like llama.cpp's -ngld (0 = keep the draft on the CPU)")
     g.add_argument("--no-mmap", dest="mmap", action="store_false", default=None,
                    help="read the weights into memory instead of memory-mapping them (the default maps them, "
@@ -29,16 +32,19 @@ def add_model_args(p: argparse.ArgumentParser, positional_pair: bool = False) ->
     g.add_argument("--mmap", dest="mmap", action="store_true", help=argparse.SUPPRESS)  # the default; kept for old scripts
 
 
-def add_gen_args(p: argparse.ArgumentParser) -> None:
+def add_gen_args(p: argparse.ArgumentParser, unlimited: bool = False) -> None:
+    """unlimited: the command has no token limit unless -n is given (serve, like llama-server)."""
     d = GenConfig()
     g = p.add_argument_group("generation")
     g.add_argument("-k", "--draft-max", type=nonneg_int, default=None, help=f"most tokens drafted per round (default {d.draft_max})")
-    g.add_argument("--temperature", "--temp", type=_nonneg_float, default=d.temperature, help=f"0 = greedy (default {d.temperature})")
+    g.add_argument("--temperature", "--temp", type=nonneg_float, default=d.temperature, help=f"0 = greedy (default {d.temperature})")
     g.add_argument("--top-k", type=nonneg_int, default=d.top_k, help=f"0 = off (default {d.top_k})")
-    g.add_argument("--top-p", type=_unit_float, default=d.top_p, help=f"1 = off (default {d.top_p})")
-    g.add_argument("--min-p", type=_unit_float, default=d.min_p, help=f"0 = off (default {d.min_p})")
-    g.add_argument("--seed", type=int, default=None, help="make sampling reproducible")
-    g.add_argument("-n", "--max-tokens", type=nonneg_int, default=d.max_tokens, help=f"(default {d.max_tokens})")
+    g.add_argument("--top-p", type=unit_float, default=d.top_p, help=f"1 = off (default {d.top_p})")
+    g.add_argument("--min-p", type=unit_float, default=d.min_p, help=f"0 = off (default {d.min_p})")
+    g.add_argument("--seed", type=seed_arg, default=None,
+                   help=f"make sampling reproducible: 0 to {SEED_MAX} (-1 = random, as in llama.cpp)")
+    g.add_argument("-n", "--max-tokens", type=pos_int, default=-1 if unlimited else d.max_tokens,
+                   help="most tokens per answer (default: " + ("no limit" if unlimited else str(d.max_tokens)) + ")")
     g.add_argument("--stop", action="append", default=[], metavar="TEXT", help="stop string (repeatable)")
     g.add_argument("--system", metavar="TEXT", help="system prompt")
     g.add_argument("--spec", choices=["on", "off", "auto"], default=None,
@@ -46,7 +52,7 @@ def add_gen_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--no-spec", action="store_true", help="plain target-only decoding (same as --spec off)")
     g.add_argument("--drafter", choices=["model", "ngram", "hybrid"], default=None,
                    help="model, n-gram prompt lookup, or hybrid (default hybrid)")
-    g.add_argument("--p-min", type=_unit_float, default=None, help="stop drafting below this draft probability")
+    g.add_argument("--p-min", type=unit_float, default=None, help="stop drafting below this draft probability")
 
 
 def _whole(s: str, minimum: int) -> int:
@@ -67,21 +73,49 @@ def pos_int(s: str) -> int:
     return _whole(s, 1)
 
 
-def _nonneg_float(s: str) -> float:
+def nonneg_float(s: str) -> float:
     try:
         v = float(s)
     except ValueError:
         raise argparse.ArgumentTypeError(f"{s!r} is not a number")
+    if not math.isfinite(v):  # nan passes every comparison and empties the distribution
+        raise argparse.ArgumentTypeError(f"{s} is not a finite number")
     if v < 0:
         raise argparse.ArgumentTypeError(f"{s} must be 0 or more")
     return v
 
 
-def _unit_float(s: str) -> float:
-    v = _nonneg_float(s)
+def unit_float(s: str) -> float:
+    v = nonneg_float(s)
     if v > 1:
         raise argparse.ArgumentTypeError(f"{s} must be between 0 and 1")
     return v
+
+
+def max_threads() -> int:
+    """More decode threads than processors only makes llama.cpp's spinning threads fight each other."""
+    return max(1, os.cpu_count() or 1)
+
+
+def threads_arg(s: str) -> int:
+    v = _whole(s, 1)
+    if v > max_threads():
+        raise argparse.ArgumentTypeError(f"{s} threads is more than this machine's {max_threads()} processors")
+    return v
+
+
+SEED_MAX = 2**32 - 1  # llama.cpp's seeds are 32-bit; its -1 (LLAMA_DEFAULT_SEED) means random
+
+
+def seed_arg(s: str) -> int | None:
+    v = _whole(s, -1)
+    if v > SEED_MAX:
+        raise argparse.ArgumentTypeError(f"{s} is larger than {SEED_MAX}, the largest seed")
+    return None if v == -1 else v
+
+
+def gpu_layers(s: str) -> int:
+    return _whole(s, -1)
 
 
 def model_choice(args) -> ModelChoice:

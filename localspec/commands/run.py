@@ -7,7 +7,7 @@ import sys
 
 from ..errors import ConfigError, LocalspecError
 from ..session import Session, gen_config, load_config, open_engine, select_models
-from .common import add_gen_args, add_model_args, gen_choice, model_choice, stderr_note
+from .common import add_gen_args, add_model_args, gen_choice, model_choice, pos_int, stderr_note
 
 
 def register(sub) -> None:
@@ -24,8 +24,8 @@ def register(sub) -> None:
 
     v = sub.add_parser("verify", help="check that speculative greedy output matches plain greedy output")
     add_model_args(v)
-    v.add_argument("-k", "--draft-max", type=int, default=4)
-    v.add_argument("-n", "--max-tokens", type=int, default=64)
+    v.add_argument("-k", "--draft-max", type=pos_int, default=4)
+    v.add_argument("-n", "--max-tokens", type=pos_int, default=64)
     v.add_argument("--drafter", choices=["model", "ngram", "hybrid"], default=None)
     v.add_argument("--json", action="store_true")
     v.add_argument("--against", metavar="REPORT.json",

@@ -29,14 +29,17 @@ def register(sub) -> None:
                "  OPENAI_BASE_URL=http://127.0.0.1:8012/v1 OPENAI_API_KEY=none python my_script.py",
         formatter_class=argparse.RawDescriptionHelpFormatter)
     add_model_args(p, positional_pair=True)
-    add_gen_args(p)
+    add_gen_args(p, unlimited=True)
     g = p.add_argument_group("server")
     g.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1; any other needs --api-key)")
     g.add_argument("--port", type=pos_int, default=DEFAULT_PORT, help=f"(default {DEFAULT_PORT}, llama.vim's and llama.vscode's)")
     g.add_argument("--api-key", default=os.environ.get("LOCALSPEC_API_KEY"), metavar="KEY",
                    help="require `Authorization: Bearer KEY` (default: $LOCALSPEC_API_KEY, else none)")
+    g.add_argument("--cors", action="append", default=[], metavar="ORIGIN",
+                   help="let web pages from ORIGIN (e.g. http://localhost:3000; * = any) call the server from a "
+                        "browser (repeatable; default: browser requests from other origins are refused)")
     g.add_argument("--log-requests", action="store_true", help="print one line per request")
-    p.set_defaults(func=cmd_serve, max_tokens=-1)  # like llama-server: no token limit unless asked
+    p.set_defaults(func=cmd_serve)
 
 
 def cmd_serve(args) -> int:
@@ -48,4 +51,4 @@ def cmd_serve(args) -> int:
         sys.stdout.flush()
 
     return serve(model_choice(args), gen_choice(args), args.host, args.port, args.api_key, stderr_note,
-                 on_listen, args.log_requests)
+                 on_listen, args.log_requests, args.cors)

@@ -119,14 +119,8 @@ def has_verified_stamp(path: Path, sha256: str) -> bool:
 
 def _write_stamp(path: Path, sha256: str) -> None:
     st = path.stat()
-    _atomic_write_text(stamp_path(path), json.dumps({"sha256": sha256, "size": st.st_size,
+    paths.write_atomic(stamp_path(path), json.dumps({"sha256": sha256, "size": st.st_size,
                                                       "mtime_ns": st.st_mtime_ns}))
-
-
-def _atomic_write_text(path: Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)
 
 
 @contextmanager

@@ -10,9 +10,11 @@ worker thread; handlers only parse, queue and stream.
 from __future__ import annotations
 
 import asyncio
+import json
 from dataclasses import dataclass, field
 
 from starlette.applications import Starlette
+from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import (
     JSONResponse,
@@ -25,6 +27,7 @@ from starlette.routing import Route
 from ..engine import Message
 from ..fim import FimUnsupported, fim_stop_tokens, infill_tokens, require_fim
 from . import shapes
+from .guard import MAX_BODY_BYTES, Guard, GuardRules, require_json_body
 from .infill import check_infill_body
 from .protocol import (
     ApiError,
@@ -33,8 +36,10 @@ from .protocol import (
     chat_messages,
     completion_prompt,
     gen_settings,
+    log_unexpected,
     parse_json,
     pick_fields,
+    requested_model,
     string,
 )
 from .worker import Job, ServerSession
@@ -52,23 +57,38 @@ class ServerState:
     load_error: str | None = None
 
 
-def error_response(e: ApiError) -> JSONResponse:
-    return JSONResponse(e.body(), status_code=e.status)
+def error_response(e: ApiError) -> Response:
+    # ASCII-escaped: a message may quote what the client sent, lone surrogates included
+    return Response(json.dumps(e.body()), status_code=e.status, media_type="application/json")
 
 
 def endpoint(handler, needs_model: bool = True):
-    """Authentication, the loading state and errors, the same for every route."""
+    """Authentication, the loading state and errors, the same for every route: an ApiError is its
+    JSON; anything else is one line in the log and an OpenAI-shaped 500, never a traceback page."""
     async def wrapped(request: Request) -> Response:
         state: ServerState = request.app.state.localspec
         try:
             if state.api_key and request.url.path not in PUBLIC and not _authorized(request, state.api_key):
                 raise ApiError(401, "Invalid API Key")
-            if needs_model and state.server is None:
-                raise ApiError(503, state.load_error or "Loading model")
+            if needs_model:
+                _require_serving(state)
             return await handler(request, state)
         except ApiError as e:
             return error_response(e)
+        except Exception as e:
+            log_unexpected(f"{request.method} {request.url.path}", e)
+            return error_response(ApiError(500, "the server failed on this request; see its log"))
     return wrapped
+
+
+def _require_serving(state: ServerState) -> None:
+    """503 unless the pair is loaded and its generation thread takes work."""
+    if state.server is None:
+        raise ApiError(503, state.load_error or "Loading model")
+    if state.server.closing:
+        raise ApiError(503, "the server is shutting down")
+    if not state.server.alive:
+        raise ApiError(503, "the generation thread has stopped; restart the server (its log says why)")
 
 
 def _authorized(request: Request, key: str) -> bool:
@@ -76,12 +96,27 @@ def _authorized(request: Request, key: str) -> bool:
     return (got[7:] if got.startswith("Bearer ") else got) == key
 
 
+BIG_BODY_BYTES = 256 << 10  # parsed off the event loop above this, so /health and streams never stall
+
+
+async def read_json(request: Request) -> dict:
+    """The body as a JSON object: JSON content only, at most MAX_BODY_BYTES, parsed in a thread when big."""
+    refused = require_json_body(request.headers.get("content-type"))
+    if refused:
+        raise ApiError(415, refused, "invalid_request_error")
+    chunks, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > MAX_BODY_BYTES:
+            raise ApiError(413, f"the request body is over {MAX_BODY_BYTES} bytes, the most this server takes")
+        chunks.append(chunk)
+    raw = b"".join(chunks)
+    return await asyncio.to_thread(parse_json, raw) if size > BIG_BODY_BYTES else parse_json(raw)
+
+
 async def _body(request: Request, state: ServerState) -> dict:
-    body = parse_json(await request.body())
-    model = body.get("model")
-    if model is not None and model not in state.aliases:
-        raise ApiError(404, f"model '{model}' not found; this server serves '{state.model_id}' (GET /v1/models)",
-                       "not_found_error")
+    body = await read_json(request)
+    requested_model(body)  # any name is served by the one pair; the reply names the served model
     return body
 
 
@@ -137,8 +172,11 @@ def stream(run: Run, events):
         try:
             async for obj in events:
                 yield obj if isinstance(obj, str) else shapes.sse(obj)
-        except ApiError as e:
+        except ApiError as e:  # the stream ends with an error event, never silently
             yield shapes.sse(e.body())
+        except Exception as e:
+            log_unexpected("a stream", e)
+            yield shapes.sse(ApiError(500, "the server failed while streaming; see its log").body())
         finally:
             run.job.cancel.set()
     return StreamingResponse(body(), media_type="text/event-stream",
@@ -273,6 +311,7 @@ async def infill(request: Request, state: ServerState) -> Response:
 
 # --- information endpoints -------------------------------------------------------------------------
 async def health(request: Request, state: ServerState) -> Response:
+    _require_serving(state)  # the truth: 503 while loading, shutting down, or unable to generate
     return JSONResponse({"status": "ok"})
 
 
@@ -304,33 +343,37 @@ async def props(request: Request, state: ServerState) -> Response:
 
 
 async def tokenize(request: Request, state: ServerState) -> Response:
-    body = parse_json(await request.body())
+    body = await read_json(request)
     content = string(body, "content", "")
     add_special, parse_special = boolean(body, "add_special"), boolean(body, "parse_special", True)
-    m = state.server.model
-    tokens = m.tokenize(content, add_special=add_special, parse_special=parse_special)
-    if not boolean(body, "with_pieces"):
-        return JSONResponse({"tokens": tokens})
-    pieces = []
-    for t in tokens:
-        raw = m.piece(t)
-        try:
-            piece = raw.decode("utf-8")
-        except UnicodeDecodeError:
-            piece = list(raw)  # llama-server gives the bytes when a piece is not valid UTF-8 alone
-        pieces.append({"id": t, "piece": piece})
-    return JSONResponse({"tokens": pieces})
+    with_pieces, m = boolean(body, "with_pieces"), state.server.model
+
+    def answer() -> bytes:
+        tokens = m.tokenize(content, add_special=add_special, parse_special=parse_special)
+        if not with_pieces:
+            return json.dumps({"tokens": tokens}).encode()
+        pieces = []
+        for t in tokens:
+            raw = m.piece(t)
+            try:
+                piece = raw.decode("utf-8")
+            except UnicodeDecodeError:
+                piece = list(raw)  # llama-server gives the bytes when a piece is not valid UTF-8 alone
+            pieces.append({"id": t, "piece": piece})
+        return json.dumps({"tokens": pieces}, ensure_ascii=False).encode()
+    # in a thread: a long text takes seconds to tokenize and encode, and the event loop serves every stream
+    return Response(await asyncio.to_thread(answer), media_type="application/json")
 
 
 async def detokenize(request: Request, state: ServerState) -> Response:
-    body = parse_json(await request.body())
+    body = await read_json(request)
     tokens = body.get("tokens", [])
     m = state.server.model
     if not isinstance(tokens, list) or not all(isinstance(t, int) and not isinstance(t, bool) for t in tokens):
         raise ApiError(400, '"tokens" must be a list of token ids')
     if any(t < 0 or t >= m.n_vocab for t in tokens):
         raise ApiError(400, f'"tokens" has an id outside the vocabulary (0..{m.n_vocab - 1})')
-    text = b"".join(m.piece(t) for t in tokens).decode("utf-8", errors="replace")
+    text = await asyncio.to_thread(lambda: b"".join(m.piece(t) for t in tokens).decode("utf-8", errors="replace"))
     return JSONResponse({"content": text})
 
 
@@ -347,7 +390,7 @@ async def not_found(request: Request, exc) -> Response:
                                         "Serve section", "not_found_error"))
 
 
-def create_app(state: ServerState, lifespan=None) -> Starlette:
+def create_app(state: ServerState, lifespan=None, rules: GuardRules | None = None) -> Starlette:
     def r(path, fn, methods, needs_model=True):
         return Route(path, endpoint(fn, needs_model), methods=methods)
 
@@ -361,6 +404,7 @@ def create_app(state: ServerState, lifespan=None) -> Starlette:
         r("/tokenize", tokenize, ["POST"]), r("/detokenize", detokenize, ["POST"]),
         r("/metrics", metrics, ["GET"]),
     ]
-    app = Starlette(routes=routes, exception_handlers={404: not_found, 405: not_found}, lifespan=lifespan)
+    app = Starlette(routes=routes, exception_handlers={404: not_found, 405: not_found}, lifespan=lifespan,
+                    middleware=[Middleware(Guard, rules=rules or GuardRules(api_key=state.api_key))])
     app.state.localspec = state
     return app

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import http.client
 import json
+import math
 import os
 import socket
 import time
@@ -21,6 +22,18 @@ from urllib.parse import urlsplit
 from ..stats import Stats
 
 PROBE_TIMEOUT_S = 0.1
+# The longest silence `run` waits out from a server: a queue ahead of it and a long prompt's evaluation
+# (4,000 tokens at ~70 tok/s here) both send nothing for a while; a wedged server must not hang a shell.
+SILENCE_S = 180.0
+
+
+def silence_s() -> float:
+    """SILENCE_S, or LOCALSPEC_SERVER_TIMEOUT's seconds when that is a positive number."""
+    try:
+        v = float(os.environ.get("LOCALSPEC_SERVER_TIMEOUT", ""))
+    except ValueError:
+        return SILENCE_S
+    return v if math.isfinite(v) and v > 0 else SILENCE_S
 STAT_FIELDS = {f.name for f in fields(Stats)}
 
 
@@ -48,8 +61,13 @@ def configured_endpoint() -> Endpoint:
     key = os.environ.get("LOCALSPEC_API_KEY") or None
     if not raw:
         return Endpoint("127.0.0.1", DEFAULT_PORT, key)
-    parts = urlsplit(raw if "//" in raw else f"http://{raw}")
-    return Endpoint(parts.hostname or "127.0.0.1", parts.port or DEFAULT_PORT, key)
+    try:
+        parts = urlsplit(raw if "//" in raw else f"http://{raw}")
+        return Endpoint(parts.hostname or "127.0.0.1", parts.port or DEFAULT_PORT, key)
+    except ValueError:
+        from ..errors import ConfigError
+
+        raise ConfigError(f"LOCALSPEC_SERVER={raw!r} is not host:port or a URL; fix it or unset it") from None
 
 
 def probe(ep: Endpoint, budget_s: float = PROBE_TIMEOUT_S) -> dict | None:
@@ -102,8 +120,10 @@ class ServerFailed(Exception):
 
 
 def stream_run(ep: Endpoint, path: str, body: dict, on_text) -> Stats:
-    """POST, call on_text(piece) for each confirmed piece, return the run's Stats."""
-    conn = ep.connection(None)
+    """POST, call on_text(piece) for each confirmed piece, return the run's Stats. A server silent for
+    SILENCE_S raises ServerFailed."""
+    wait_s = silence_s()
+    conn = ep.connection(wait_s)
     try:
         conn.request("POST", path, body=json.dumps(body).encode(), headers=ep.headers())
         resp = conn.getresponse()
@@ -125,6 +145,9 @@ def stream_run(ep: Endpoint, path: str, body: dict, on_text) -> Stats:
         if stats is None:
             raise ServerFailed("the server's answer ended without its figures")
         return Stats(**{k: v for k, v in stats.items() if k in STAT_FIELDS})
+    except (socket.timeout, TimeoutError):
+        raise ServerFailed(f"the server sent nothing for {wait_s:g} s; rerun with --local, or raise "
+                           "LOCALSPEC_SERVER_TIMEOUT") from None
     finally:
         conn.close()
 

@@ -9,9 +9,14 @@ from __future__ import annotations
 
 import json
 import math
+import os
+import re
+import sys
+import traceback
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from ..chat_format import ROLE_ALIASES, ROLES, canonical_role
 from ..config import GenConfig
 
 SPEC_MODES = ("on", "off", "auto")
@@ -34,16 +39,68 @@ class ApiError(Exception):
         return {"error": {"code": self.status, "message": self.message, "type": self.type, **self.extra}}
 
 
+def log_unexpected(where: str, e: BaseException) -> None:
+    """One line on the server's stderr for a failure nobody anticipated (the traceback only with
+    LOCALSPEC_DEBUG=1): the client gets an error JSON, the log stays readable."""
+    if os.environ.get("LOCALSPEC_DEBUG"):
+        traceback.print_exception(e)
+    sys.stderr.write(f"localspec serve: unexpected error in {where}: {type(e).__name__}: {e} "
+                     "(LOCALSPEC_DEBUG=1 shows the traceback)\n")
+    sys.stderr.flush()
+
+
+# JSON's escapes for UTF-16 surrogates: only a body that has one can hold a lone surrogate
+_SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")
+
+
 def parse_json(raw: bytes) -> dict:
     try:
         body = json.loads(raw.decode("utf-8")) if raw.strip() else None
     except UnicodeDecodeError:
         raise ApiError(400, "the request body is not UTF-8; send JSON text")
+    except RecursionError:
+        raise ApiError(400, "the request body is nested too deeply")
     except ValueError as e:
         raise ApiError(400, f"the request body is not valid JSON ({e})")
     if not isinstance(body, dict):
         raise ApiError(400, "the request body must be a JSON object")
+    if _SURROGATE_ESCAPE.search(raw):
+        where = _lone_surrogate(body, "")
+        if where is not None:
+            raise ApiError(400, f'{where or "the body"} has a lone UTF-16 surrogate (half of an emoji?); '
+                                "send whole characters")
     return body
+
+
+def _lone_surrogate(v: Any, path: str, depth: int = 0) -> str | None:
+    """The path of the first string (value or key) that is not valid Unicode text, or None."""
+    if isinstance(v, str):
+        try:
+            v.encode("utf-8")
+        except UnicodeEncodeError:
+            return path
+        return None
+    if depth > 64:
+        return None
+    items = v.items() if isinstance(v, dict) else enumerate(v) if isinstance(v, list) else ()
+    for k, x in items:
+        name = k.encode("utf-8", "backslashreplace").decode("utf-8") if isinstance(k, str) else k
+        sub = f"{path}[{k}]" if isinstance(k, int) else f"{path}.{name}" if path else name
+        if isinstance(k, str) and _lone_surrogate(k, sub) is not None:
+            return sub
+        found = _lone_surrogate(x, sub, depth + 1)
+        if found is not None:
+            return found
+    return None
+
+
+def requested_model(body: dict) -> str | None:
+    """`model`: any string is served by the loaded pair, as llama-server does with one model (clients
+    send "", "gpt-4o", their own alias); replies name the served model. Only a non-string is wrong."""
+    v = body.get("model")
+    if v is not None and not isinstance(v, str):
+        raise ApiError(400, '"model" must be a string (any name: this server serves its one model)')
+    return v
 
 
 # --- one field at a time ------------------------------------------------------------------------
@@ -105,6 +162,8 @@ class Extras:
     n_indent: int = 0  # /infill: stop at a new line indented less than this
     t_max_predict_ms: int = 0  # stop at the first new line after this many ms of generation
     response_fields: list[str] = field(default_factory=list)
+    logit_bias: list = field(default_factory=list)  # [(token id or text, bias)], resolved by the worker
+    ignore_eos: bool = False  # llama-server's: every end-of-generation token banned (a bias of -inf)
 
 
 def gen_settings(body: dict, defaults: GenConfig, oai: bool) -> tuple[GenConfig, Extras]:
@@ -133,7 +192,8 @@ def gen_settings(body: dict, defaults: GenConfig, oai: bool) -> tuple[GenConfig,
     _samplers(body, cfg)
     _speculative(body, cfg)
     extras = Extras(stream=boolean(body, "stream"), n_indent=integer(body, "n_indent", 0, 0),
-                    t_max_predict_ms=integer(body, "t_max_predict_ms", 0, 0))
+                    t_max_predict_ms=integer(body, "t_max_predict_ms", 0, 0), logit_bias=logit_bias(body),
+                    ignore_eos=boolean(body, "ignore_eos"))
     so = body.get("stream_options")
     if so is not None:
         if not isinstance(so, dict):
@@ -145,6 +205,49 @@ def gen_settings(body: dict, defaults: GenConfig, oai: bool) -> tuple[GenConfig,
             raise ApiError(400, '"response_fields" must be a list of strings')
         extras.response_fields = rf
     return cfg, extras
+
+
+BiasItem = tuple  # (token id or text, added logit; -inf bans)
+
+
+def logit_bias(body: dict) -> list[BiasItem]:
+    """`logit_bias` as OpenAI sends it ({"15043": -100}) or as llama-server also takes it
+    ([[15043, -1.5], ["Hello", false]]: a text stands for each of its tokens, false bans).
+    Token texts are turned into ids once the model is at hand (`resolve_logit_bias`)."""
+    v = body.get("logit_bias")
+    if v is None:
+        return []
+    if isinstance(v, dict):
+        pairs = list(v.items())
+    elif isinstance(v, list) and all(isinstance(x, list) and len(x) == 2 for x in v):
+        pairs = [tuple(x) for x in v]
+    else:
+        raise ApiError(400, '"logit_bias" must be an object {"token id": bias} or a list of [token, bias] pairs')
+    out = []
+    for tok, bias in pairs:
+        if isinstance(tok, str) and tok.strip().lstrip("-").isdigit():
+            tok = int(tok)
+        if isinstance(tok, bool) or not isinstance(tok, (int, str)):
+            raise ApiError(400, '"logit_bias": a token must be an id or a text')
+        if bias is False:
+            bias = -math.inf
+        elif isinstance(bias, bool) or not isinstance(bias, (int, float)) or not math.isfinite(bias):
+            raise ApiError(400, f'"logit_bias": the bias for {tok!r} must be a number (or false to ban it)')
+        out.append((tok, float(bias)))
+    return out
+
+
+def resolve_logit_bias(items: list[BiasItem], model, ignore_eos: bool = False) -> dict[int, float]:
+    """Token ids -> bias for this model; ids outside the vocabulary are a 400. ignore_eos bans every
+    end-of-generation token, as llama-server does."""
+    out: dict[int, float] = dict.fromkeys(model.eog_tokens(), -math.inf) if ignore_eos else {}
+    for tok, bias in items:
+        ids = [tok] if isinstance(tok, int) else model.tokenize(tok, add_special=False, parse_special=False)
+        for t in ids:
+            if not 0 <= t < model.n_vocab:
+                raise ApiError(400, f'"logit_bias" has a token id outside the vocabulary (0..{model.n_vocab - 1})')
+            out[t] = out.get(t, 0.0) + bias
+    return out
 
 
 def _samplers(body: dict, cfg: GenConfig) -> None:
@@ -210,7 +313,11 @@ def chat_messages(body: dict) -> list[tuple[str, str]]:
     for i, m in enumerate(msgs):
         if not isinstance(m, dict) or not isinstance(m.get("role"), str):
             raise ApiError(400, f'messages[{i}] must be an object with a string "role"')
-        out.append((m["role"], _content_text(m.get("content"), i)))
+        role = canonical_role(m["role"])
+        if role is None:
+            known = ", ".join([*ROLES, *ROLE_ALIASES])
+            raise ApiError(400, f'messages[{i}].role "{m["role"]}" is not a role this server knows ({known})')
+        out.append((role, _content_text(m.get("content"), i)))
     return out
 
 

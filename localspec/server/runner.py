@@ -4,8 +4,9 @@ pair loads in a thread, then serve until Ctrl-C, which cancels what runs and clo
 from __future__ import annotations
 
 import contextlib
-import ipaddress
+import os
 import socket
+import sys
 import threading
 from pathlib import Path
 from typing import Callable
@@ -14,18 +15,14 @@ from ..errors import ConfigError, LocalspecError
 from ..session import GenChoice, ModelChoice, Session
 from . import DEFAULT_PORT  # noqa: F401  (re-exported for the CLI)
 from .app import ServerState, create_app
+from .guard import GuardRules, is_loopback_name
 from .worker import ServerSession
 
 UNLIMITED_TOKENS = 1 << 30  # like llama-server's n_predict -1: until EOS, a stop, or the context is full
 
 
 def is_loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host.strip("[]")).is_loopback
-    except ValueError:
-        return False
+    return is_loopback_name(host.strip("[]").lower())
 
 
 def bind(host: str, port: int) -> socket.socket:
@@ -65,7 +62,8 @@ def load_into(state: ServerState, models: ModelChoice, gen: GenChoice, notify: C
 
 
 def serve(models: ModelChoice, gen: GenChoice, host: str, port: int, api_key: str | None,
-          notify: Callable[[str], None], on_listen: Callable[[str], None], log_requests: bool = False) -> int:
+          notify: Callable[[str], None], on_listen: Callable[[str], None], log_requests: bool = False,
+          cors: list[str] | None = None) -> int:
     import uvicorn
 
     if not is_loopback(host) and not api_key:
@@ -74,6 +72,13 @@ def serve(models: ModelChoice, gen: GenChoice, host: str, port: int, api_key: st
     sock = bind(host, port)
     state = ServerState(api_key=api_key)
     failed = threading.Event()
+    freed = threading.Event()  # the models were closed; unset: the generation thread is still in llama.cpp
+
+    class Server(uvicorn.Server):
+        def handle_exit(self, sig, frame):  # a signal handler: hand the work to a thread, take no locks here
+            if state.server is not None and not state.server.closing:
+                threading.Thread(target=state.server.begin_shutdown, name="localspec-stop", daemon=True).start()
+            super().handle_exit(sig, frame)
 
     @contextlib.asynccontextmanager
     async def lifespan(app):
@@ -85,12 +90,14 @@ def serve(models: ModelChoice, gen: GenChoice, host: str, port: int, api_key: st
                 server.should_exit = True
         threading.Thread(target=load, name="localspec-load", daemon=True).start()
         yield
-        if state.server is not None:
-            state.server.close()
+        if state.server is None or state.server.close():
+            freed.set()
 
-    config = uvicorn.Config(create_app(state, lifespan), log_level="info" if log_requests else "warning",
-                            access_log=log_requests, timeout_graceful_shutdown=3, lifespan="on")
-    server = uvicorn.Server(config)
+    rules = GuardRules(api_key=api_key, bind_host=host, cors=list(cors or []))
+    # streams end at the first signal (begin_shutdown), so a second of grace is plenty
+    config = uvicorn.Config(create_app(state, lifespan, rules), log_level="info" if log_requests else "warning",
+                            access_log=log_requests, timeout_graceful_shutdown=1, lifespan="on")
+    server = Server(config)
     shown = f"[{host}]" if ":" in host else host
     on_listen(f"http://{shown}:{sock.getsockname()[1]}")
     try:
@@ -101,4 +108,10 @@ def serve(models: ModelChoice, gen: GenChoice, host: str, port: int, api_key: st
         sock.close()
     if failed.is_set():
         raise LocalspecError(state.load_error or "the models did not load")
+    if state.server is not None and not freed.is_set():
+        # the generation thread is inside a llama.cpp pass that cannot be interrupted (a long prompt):
+        # exiting the interpreter under it can crash in llama.cpp's teardown, so leave at once, cleanly
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(0)
     return 0

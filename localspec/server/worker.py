@@ -24,9 +24,10 @@ from ..session import Session
 from ..tuning import profile_path
 from .infill import LineLimits
 from .metrics import Metrics
-from .protocol import ApiError, Extras
+from .protocol import ApiError, Extras, log_unexpected, resolve_logit_bias
 
 Emit = Callable[[tuple], None]
+MAX_WAITING = 64  # queued requests beyond this are refused (503) instead of held in memory without bound
 
 
 @dataclass
@@ -52,28 +53,52 @@ class ServerSession:
         return self.engine.target_model
 
     def submit(self, job: Job) -> None:
+        if self.closing:
+            raise ApiError(503, "the server is shutting down")
+        if self.jobs.qsize() >= MAX_WAITING:
+            raise ApiError(503, f"{MAX_WAITING} requests are already waiting; try again when they are done")
         self.metrics.deferred += 1
         self.jobs.put(job)
 
-    def close(self, cancel_running: bool = True) -> None:
-        """Stop taking jobs, end the running one (within one round) and free the models."""
-        drained = []
+    def begin_shutdown(self) -> None:
+        """The first Ctrl-C or SIGTERM: refuse new jobs, end the waiting ones and the running one with an
+        error event at once (a prompt evaluation in progress is not waited for), so every client can tell
+        a shutdown from a finished answer and the HTTP server has nothing left to wait out."""
+        self.closing = True
+        shutting = ("error", ApiError(503, "the server is shutting down; the answer was cut short"))
+        running = self._current
         while True:
             try:
-                drained.append(self.jobs.get_nowait())
+                job = self.jobs.get_nowait()
             except queue.Empty:
                 break
-        for job in drained:
             if job is not None:
                 job.cancel.set()
-                job.emit(("error", ApiError(503, "the server is shutting down")))
-        if cancel_running and self._current is not None:
-            self._current.cancel.set()
+                job.emit(shutting)
+        if running is not None:
+            running.cancel.set()
+            running.emit(shutting)
         self.jobs.put(None)
-        self.thread.join(timeout=30)
+
+    def close(self, wait_s: float = 1.0) -> bool:
+        """Shut down and free the models; False when the generation thread is still inside llama.cpp after
+        `wait_s` (a long prompt evaluation): its models are then left to the process's exit."""
+        if not self.closing:
+            self.begin_shutdown()
+        self.thread.join(timeout=wait_s)
+        if self.thread.is_alive():
+            return False
         self.session.close()
+        return True
 
     _current: Job | None = None
+
+    @property
+    def alive(self) -> bool:
+        """The generation thread is there to take jobs (/health says 503 otherwise)."""
+        return self.thread.is_alive() and not self.closing
+
+    closing = False  # set once shutdown begins: new jobs are refused, running ones end
 
     def _run(self) -> None:
         while True:
@@ -89,6 +114,8 @@ class ServerSession:
                 self._serve(job)
                 if self.jobs.empty():
                     self._measure_depth()
+            except Exception as e:  # never let one job's failure end the only generation thread
+                log_unexpected("the generation thread", e)
             finally:
                 self.metrics.processing = 0
                 self._current = None
@@ -107,12 +134,17 @@ class ServerSession:
         if tv:
             prof.by_depth[str(depth)] = tv
             if prof.key:
-                prof.save(profile_path(prof.key))
+                try:
+                    prof.save(profile_path(prof.key))
+                except OSError:  # an unwritable data dir: keep the figures for this process only
+                    pass
 
     def _serve(self, job: Job) -> None:
         engine = self.engine
         try:
             prompt, cfg = job.prepare(engine)
+            if job.extras.logit_bias or job.extras.ignore_eos:
+                cfg.logit_bias = resolve_logit_bias(job.extras.logit_bias, engine.target_model, job.extras.ignore_eos)
             try:
                 engine.check_prompt(prompt)
             except ContextFullError:
@@ -128,10 +160,14 @@ class ServerSession:
         except LocalspecError as e:
             job.emit(("error", ApiError(400, str(e))))
             return
-        except Exception as e:  # the server stays up; the client learns what broke
-            job.emit(("error", ApiError(500, f"{type(e).__name__}: {e}")))
+        except Exception as e:  # the server stays up; the client learns that it broke, not the internals
+            log_unexpected("a generation", e)
+            job.emit(("error", ApiError(500, "the server failed while generating; see its log")))
             return
         self.metrics.add(stats)
+        if self.closing and stats.stop_reason == "cancelled":  # cut short by shutdown: not a finished answer
+            job.emit(("error", ApiError(503, "the server is shutting down; the answer was cut short")))
+            return
         job.emit(("done", stats))
 
     def _generate(self, job: Job, prompt: list[int], cfg):
