@@ -27,7 +27,14 @@ def _raise(msg):
     raise ConfigError(f"the chat template refused this conversation: {msg}")
 
 
-def render_prompt(template: str | None, messages, model, name: str = "model") -> str:
+def _tojson(x, indent=None, separators=None, sort_keys=False, ensure_ascii=False):
+    """HF's and llama.cpp's `tojson`: plain JSON in the given key order (Jinja's own escapes HTML and sorts)."""
+    import json
+
+    return json.dumps(x, indent=indent, separators=separators, sort_keys=sort_keys, ensure_ascii=ensure_ascii)
+
+
+def render_prompt(template: str | None, messages, model, name: str = "model", tools: list | None = None) -> str:
     if not template:
         raise ConfigError(f"{name} has no chat template in its GGUF; use --raw to send plain text, "
                           "or set chat_template for the pair in models.yaml")
@@ -39,11 +46,12 @@ def render_prompt(template: str | None, messages, model, name: str = "model") ->
     env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
     env.globals.update(raise_exception=_raise,
                        strftime_now=lambda fmt: _dt.datetime.now().strftime(fmt))
+    env.filters["tojson"] = _tojson
     bos = model.token_text(model.bos) if model.bos >= 0 else ""
     eos = model.token_text(model.eos) if model.eos >= 0 else ""
     try:
         return env.from_string(template).render(
-            messages=[{"role": m.role, "content": m.content} for m in messages],
-            add_generation_prompt=True, bos_token=bos, eos_token=eos)
+            messages=[{"role": m.role, "content": m.content, **(getattr(m, "extra", None) or {})} for m in messages],
+            tools=tools or None, add_generation_prompt=True, bos_token=bos, eos_token=eos)
     except TemplateError as e:
         raise ConfigError(f"the chat template of {name} failed to render ({e}); use --raw")

@@ -15,9 +15,10 @@ from typing import Callable, Iterator
 
 import numpy as np
 
-from .backend import Context, Model
+from .backend import Context, GrammarSampler, Model
 from .chat_format import render_prompt
 from .compat import require_compatible
+from .constraints import GrammarConstraint
 from .config import GenConfig, LoadConfig
 from .drafters import Draft, DraftFloor, DraftModel, HybridDrafter, NgramDrafter
 from .errors import ConfigError, ContextFullError
@@ -31,10 +32,11 @@ NO_DRAFT = Draft()
 
 
 def speculative_decode(target: Context, drafter, policy, seq: list[int], cfg: GenConfig,
-                       stats: Stats, rng: np.random.Generator) -> Iterator[tuple[int, str]]:
+                       stats: Stats, rng: np.random.Generator, grammar=None) -> Iterator[tuple[int, str]]:
     """Yield confirmed (token, source) pairs until the caller stops. `seq` is the confirmed
     sequence (prompt + output); on entry the target's cache holds all of it but the last token.
-    With k = 0 a round is one plain decoding step, so the baseline runs through the same code."""
+    With k = 0 a round is one plain decoding step, so the baseline runs through the same code.
+    `grammar` (constraints.GrammarConstraint) limits the target's rows to what the grammar allows."""
     greedy = cfg.temperature <= 0
     while True:
         room = target.n_ctx - len(seq)  # the pending token plus k drafts must fit
@@ -50,7 +52,9 @@ def speculative_decode(target: Context, drafter, policy, seq: list[int], cfg: Ge
             logits = apply_logit_bias(logits, cfg.logit_bias)
         t2 = time.perf_counter()
         # 3. accept the agreeing prefix; the first disagreement (or the bonus) is the target's own
-        if greedy:
+        if grammar is not None:  # the same rules, each row under the grammar after the drafts before it
+            n, fix = grammar.accept_round(draft, logits, cfg, rng)
+        elif greedy:
             best = logits.argmax(axis=1)
             n = accept_greedy(draft.tokens, best)
             fix = int(best[n])
@@ -87,6 +91,7 @@ class Chunk:
 class Message:
     role: str
     content: str
+    extra: dict | None = None  # what else the template reads: an assistant's tool_calls, a tool's tool_call_id
 
 
 class Engine:
@@ -152,14 +157,14 @@ class Engine:
     def chat_template(self) -> str | None:
         return self.load.chat_template or self.target_model.chat_template()
 
-    def prompt_tokens(self, messages: list[Message] | str, raw: bool = False) -> list[int]:
+    def prompt_tokens(self, messages: list[Message] | str, raw: bool = False, tools: list | None = None) -> list[int]:
         m = self.target_model
         if raw:
             text = messages if isinstance(messages, str) else "".join(x.content for x in messages)
             return m.tokenize(text, add_special=True, parse_special=False)
         if isinstance(messages, str):
             messages = [Message("user", messages)]
-        text = render_prompt(self.chat_template(), messages, m, name=m.path.name)
+        text = render_prompt(self.chat_template(), messages, m, name=m.path.name, tools=tools)
         bos_text = m.token_text(m.bos) if m.add_bos else ""
         add_bos = m.add_bos and not (bos_text and text.startswith(bos_text))
         return m.tokenize(text, add_special=add_bos, parse_special=True)
@@ -209,7 +214,8 @@ class Engine:
         stats.prompt_eval_s = time.perf_counter() - t0
 
         text = TextStream(cfg.stop)
-        loop = speculative_decode(tgt, drafter, policy, seq, cfg, stats, rng)
+        grammar = self.grammar(cfg.grammar) if cfg.grammar else None
+        loop = speculative_decode(tgt, drafter, policy, seq, cfg, stats, rng, grammar)
         t_gen = time.perf_counter()
         try:
             for tok, src in loop:
@@ -232,6 +238,8 @@ class Engine:
             stats.stop_reason = "context"
         finally:
             loop.close()
+            if grammar is not None:
+                grammar.close()
             if self.remember_generations:  # later requests may repeat this text: let n-gram drafts find it
                 self.ngram.remember(seq)
             stats.generation_s = time.perf_counter() - t_gen
@@ -243,6 +251,14 @@ class Engine:
         tail = text.flush()
         if tail:
             yield Chunk(tail)
+
+    def grammar(self, gbnf: str) -> GrammarConstraint:
+        """A GBNF grammar over the target's vocabulary, ready to constrain a generation (ConfigError when
+        it does not parse)."""
+        try:
+            return GrammarConstraint(GrammarSampler(self.target_model, gbnf))
+        except ValueError as e:
+            raise ConfigError(str(e)) from None
 
     def prefill(self, prompt: list[int]) -> Stats:
         """Evaluate a prompt into the target's cache without generating (a client warming the cache

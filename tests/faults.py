@@ -107,8 +107,9 @@ def probe_foreign_pages(port: int) -> list[Finding]:
     return out
 
 
-def probe_big_inputs(port: int) -> list[Finding]:
-    """A 10 MB /tokenize must not stall the event loop: /health answers while it runs."""
+def probe_big_inputs(port: int, stall_s: float = 1.0) -> list[Finding]:
+    """A 10 MB /tokenize must not stall the event loop: /health answers while it runs (main: nothing
+    answered for the ~3 s it took)."""
     out = []
     done = {}
 
@@ -128,7 +129,7 @@ def probe_big_inputs(port: int) -> list[Finding]:
     t.join()
     answered_during = [h for h in health if h[2]]
     worst = max((h[1] for h in answered_during), default=0.0)
-    out.append(Finding("/health during a 10 MB /tokenize", bool(answered_during) and worst < 1.0,
+    out.append(Finding("/health during a 10 MB /tokenize", bool(answered_during) and worst < stall_s,
                        f"tokenize {done['tokenize'][0]} in {done['tokenize'][1]:.1f} s; {len(answered_during)} health "
                        f"answers meanwhile, slowest {worst * 1000:.0f} ms"))
     s, _, raw = request(port, "POST", "/completion", b"{}", {"Content-Type": "application/json",

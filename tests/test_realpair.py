@@ -85,3 +85,47 @@ def test_real_pair_served_to_an_editor_and_an_openai_client(real_pair, tmp_path)
         assert r.choices[0].message.content.strip() and r.model_extra["timings"]["predicted_n"] > 0
     finally:
         assert srv.stop() == 0, srv.output()
+
+
+WEATHER = {"type": "function", "function": {
+    "name": "get_weather", "description": "Get the current weather in a city",
+    "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}
+READ = {"type": "function", "function": {
+    "name": "read_file", "description": "Read a file from disk",
+    "parameters": {"type": "object", "properties": {"path": {"type": "string"}}, "required": ["path"]}}}
+
+
+@pytest.mark.realpair
+def test_real_pair_tools_and_structured_output_through_the_openai_package(real_pair, tmp_path):
+    """Tools rendered by the GGUF's own template, calls parsed back (whole and streamed), a required call
+    and a JSON schema enforced while decoding: the answers always parse."""
+    import openai
+    from serverproc import ServerProcess
+
+    target, draft = real_pair
+    srv = ServerProcess(["--target", str(target), "--draft", str(draft), "-c", "2048", "--temperature", "0"], tmp_path)
+    try:
+        client = openai.OpenAI(base_url=srv.url + "/v1", api_key="none", max_retries=0)
+        ask = [{"role": "user", "content": "What's the weather in Paris right now?"}]
+        r = client.chat.completions.create(model="gpt-4o", messages=ask, tools=[WEATHER, READ])
+        (call,) = r.choices[0].message.tool_calls
+        assert r.choices[0].finish_reason == "tool_calls" and call.function.name == "get_weather"
+        assert json.loads(call.function.arguments) == {"city": "Paris"}
+        chunks = list(client.chat.completions.create(model="", messages=ask, tools=[WEATHER, READ], stream=True))
+        deltas = [c.choices[0].delta for c in chunks if c.choices]
+        (streamed,) = [tc for d in deltas for tc in (d.tool_calls or [])]
+        assert streamed.function.name == "get_weather" and chunks[-1].choices[0].finish_reason == "tool_calls"
+        forced = client.chat.completions.create(model="x", messages=[{"role": "user", "content": "Hi!"}],
+                                                tools=[WEATHER, READ],
+                                                tool_choice={"type": "function", "function": {"name": "read_file"}})
+        (call,) = forced.choices[0].message.tool_calls
+        assert call.function.name == "read_file" and "path" in json.loads(call.function.arguments)
+        schema = {"type": "object", "properties": {"city": {"type": "string"}, "population": {"type": "integer"}},
+                  "required": ["city", "population"], "additionalProperties": False}
+        r = client.chat.completions.create(
+            model="x", messages=[{"role": "user", "content": "The largest city of France and its population?"}],
+            response_format={"type": "json_schema", "json_schema": {"name": "city", "schema": schema, "strict": True}})
+        obj = json.loads(r.choices[0].message.content)
+        assert set(obj) == {"city", "population"} and isinstance(obj["population"], int)
+    finally:
+        assert srv.stop() == 0, srv.output()

@@ -325,3 +325,32 @@ def test_continue_llama_cpp_provider_request(server):
         events = [json.loads(ln[6:]) for ln in r.iter_lines() if ln.startswith("data: ")]
     text = "".join(e["content"] for e in events if e.get("content"))
     assert events[-1]["stop"] is True and events[-1]["tokens_predicted"] <= 16 and "\n\n" not in text
+
+
+def test_grammars_schemas_and_tools_on_the_tiny_model(server):
+    """Constraints are enforced while decoding (the tiny model says whatever it likes otherwise); what
+    cannot be honoured is a 400 that says why, never a silent drop."""
+    r = post(server, "/completion", {"prompt": "the", "n_predict": 16, "json_schema": {"enum": ["fast", "slow"]}})
+    assert r.status_code == 200 and json.loads(r.json()["content"]) in ("fast", "slow")
+    r = post(server, "/completion", {"prompt": "the", "n_predict": 12, "grammar": 'root ::= ("yes" | "no") "!"'})
+    assert r.status_code == 200 and r.json()["content"] in ("yes!", "no!")
+    r = post(server, "/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 24,
+                                              "response_format": {"type": "json_schema", "json_schema": {
+                                                  "name": "n", "schema": {"type": "integer"}}}})
+    assert r.status_code == 200 and isinstance(json.loads(r.json()["choices"][0]["message"]["content"]), int)
+    tools = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]
+    chat = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
+    for body, words in [
+        ({**chat, "tools": tools}, "no tools section"),  # the tiny model's template has none: never a silent drop
+        ({**chat, "tools": tools, "tool_choice": {"type": "function", "function": {"name": "g"}}}, "not among the tools"),
+        ({**chat, "tools": [{"type": "function"}]}, "tools[0]"),
+        ({**chat, "response_format": {"type": "xml"}}, '"response_format"'),
+        ({**chat, "grammar": "root ::= (", "max_tokens": 2}, "grammar could not be parsed"),
+        ({**chat, "grammar": 'root ::= "a"', "json_schema": {"type": "integer"}}, "not several"),
+        ({**chat, "json_schema": {"$ref": "https://example.com/x.json"}}, "only local references"),
+    ]:
+        r = post(server, "/v1/chat/completions", body)
+        assert r.status_code == 400 and words in r.json()["error"]["message"], (body, r.text)
+    r = post(server, "/v1/chat/completions", {"messages": [{"role": "developer", "content": "be brief"},
+                                                           {"role": "user", "content": "hi"}], "max_tokens": 2})
+    assert r.status_code == 200

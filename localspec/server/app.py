@@ -42,6 +42,7 @@ from .protocol import (
     requested_model,
     string,
 )
+from .tools import CallStream, call_grammar, require_tools_template, split_calls, tool_request
 from .worker import Job, ServerSession
 
 PUBLIC = {"/health", "/v1/health", "/models", "/v1/models"}  # no API key needed, as in llama-server
@@ -201,29 +202,54 @@ async def chat_completions(request: Request, state: ServerState) -> Response:
     body = await _body(request, state)
     turns = chat_messages(body)
     system = state.server.session.system  # `serve --system`: for conversations that bring none
-    if system and not any(role == "system" for role, _ in turns):
-        turns.insert(0, ("system", system))
+    if system and not any(m.role == "system" for m in turns):
+        turns.insert(0, Message("system", system))
     cfg, extras = gen_settings(body, state.server.session.gen, oai=True)
+    tools = tool_request(body)
+    if tools is not None:
+        require_tools_template(state.server.engine.chat_template())
+        forced = call_grammar(tools)
+        if forced and cfg.grammar:
+            raise ApiError(400, "a required tool call and a response_format cannot both shape one answer")
+        cfg.grammar = forced or cfg.grammar
 
     def prepare(engine):
-        return engine.prompt_tokens([Message(r, c) for r, c in turns]), cfg
+        return engine.prompt_tokens(turns, tools=tools.tools if tools else None), cfg
 
     run = Run(state, prepare, extras)
     await run.start(request)
     obj_id, model = shapes.new_id("chatcmpl"), state.model_id
     if not extras.stream:
         text, st = await run.collect(request)
-        return JSONResponse(shapes.oai_chat(obj_id, model, text, st))
+        content, calls = split_calls(text, tools.names) if tools else (text, [])
+        return JSONResponse(shapes.oai_chat(obj_id, model, content, st, calls))
 
     async def events():
         yield shapes.oai_chat_chunk(obj_id, model, {"role": "assistant", "content": None})
+        calls = CallStream(tools.names) if tools else None
         async for text in _texts(run):
-            yield shapes.oai_chat_chunk(obj_id, model, {"content": text})
+            for delta in _chat_deltas(calls, text):
+                yield shapes.oai_chat_chunk(obj_id, model, delta)
+        for delta in _chat_deltas(calls, None):
+            yield shapes.oai_chat_chunk(obj_id, model, delta)
         st = run.stats
-        last = shapes.oai_chat_chunk(obj_id, model, {}, shapes.finish_reason(st))
+        finish = "tool_calls" if calls and calls.calls else shapes.finish_reason(st)
+        last = shapes.oai_chat_chunk(obj_id, model, {}, finish)
         for event in _oai_stream_end(last, st, "chat.completion.chunk", extras.include_usage):
             yield event
     return stream(run, events())
+
+
+def _chat_deltas(calls: CallStream | None, text: str | None) -> list[dict]:
+    """Stream deltas for a piece of text (None: the end): content as it comes, each tool call whole once
+    its block closes (OpenAI's shape: index, id, type, function name and arguments)."""
+    if calls is None:
+        return [{"content": text}] if text else []
+    before = len(calls.calls)
+    content, new = calls.feed(text) if text is not None else calls.finish()
+    out = [{"content": content}] if content else []
+    out += [{"tool_calls": [{"index": before + i, **c}]} for i, c in enumerate(new)]
+    return out
 
 
 def _oai_stream_end(last: dict, st, kind: str, include_usage: bool) -> list:
@@ -350,8 +376,9 @@ async def tokenize(request: Request, state: ServerState) -> Response:
 
     def answer() -> bytes:
         tokens = m.tokenize(content, add_special=add_special, parse_special=parse_special)
-        if not with_pieces:
-            return json.dumps({"tokens": tokens}).encode()
+        if not with_pieces:  # encoded in slices: one C call over millions of ids would hold the GIL for seconds
+            ids = (",".join(map(str, tokens[i:i + 65536])) for i in range(0, len(tokens), 65536))
+            return b'{"tokens": [' + ",".join(ids).encode() + b"]}"
         pieces = []
         for t in tokens:
             raw = m.piece(t)

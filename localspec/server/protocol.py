@@ -18,6 +18,8 @@ from typing import Any
 
 from ..chat_format import ROLE_ALIASES, ROLES, canonical_role
 from ..config import GenConfig
+from ..engine import Message
+from ..errors import LocalspecError
 
 SPEC_MODES = ("on", "off", "auto")
 DRAFTERS = ("model", "ngram", "hybrid")
@@ -191,6 +193,7 @@ def gen_settings(body: dict, defaults: GenConfig, oai: bool) -> tuple[GenConfig,
         cfg.seed = None if seed < 0 else seed  # llama-server: -1 = random
     _samplers(body, cfg)
     _speculative(body, cfg)
+    cfg.grammar = requested_grammar(body)
     extras = Extras(stream=boolean(body, "stream"), n_indent=integer(body, "n_indent", 0, 0),
                     t_max_predict_ms=integer(body, "t_max_predict_ms", 0, 0), logit_bias=logit_bias(body),
                     ignore_eos=boolean(body, "ignore_eos"))
@@ -250,6 +253,43 @@ def resolve_logit_bias(items: list[BiasItem], model, ignore_eos: bool = False) -
     return out
 
 
+def requested_grammar(body: dict) -> str | None:
+    """The grammar a request asks for: llama-server's `grammar` (GBNF) or `json_schema`, or OpenAI's
+    `response_format` (json_object, json_schema). At most one of them."""
+    from ..constraints import json_grammar, schema_grammar
+
+    asked = []
+    gbnf = string(body, "grammar")
+    if gbnf:
+        asked.append(("grammar", lambda: gbnf))
+    schema = body.get("json_schema")
+    if schema is not None:
+        if not isinstance(schema, dict):
+            raise ApiError(400, '"json_schema" must be a JSON schema object')
+        asked.append(("json_schema", lambda: schema_grammar(schema)))
+    rf = body.get("response_format")
+    if rf is not None:
+        kind = rf.get("type") if isinstance(rf, dict) else None
+        if kind == "json_schema" or (kind == "json_object" and isinstance(rf.get("schema"), dict)):
+            inner = rf.get("json_schema") if kind == "json_schema" else rf
+            inner = inner.get("schema") if isinstance(inner, dict) else None
+            if not isinstance(inner, dict):
+                raise ApiError(400, '"response_format": json_schema needs {"json_schema": {"schema": {...}}}')
+            asked.append(("response_format", lambda: schema_grammar(inner)))
+        elif kind == "json_object":
+            asked.append(("response_format", json_grammar))
+        elif kind != "text":
+            raise ApiError(400, '"response_format" must be {"type": "text" | "json_object" | "json_schema", ...}')
+    if len(asked) > 1:
+        raise ApiError(400, f"give one of {', '.join(k for k, _ in asked)}, not several")
+    if not asked:
+        return None
+    try:
+        return asked[0][1]()
+    except LocalspecError as e:
+        raise ApiError(400, f'"{asked[0][0]}": {e}')
+
+
 def _samplers(body: dict, cfg: GenConfig) -> None:
     """llama-server's `samplers`: the chain to apply. A sampler left out of the list is off, as there
     (no "temperature" = temperature 1); "infill", "dry", "penalties" and other llama.cpp samplers are
@@ -304,8 +344,9 @@ def _speculative(body: dict, cfg: GenConfig) -> None:
 
 
 # --- prompts ----------------------------------------------------------------------------------------
-def chat_messages(body: dict) -> list[tuple[str, str]]:
-    """OpenAI `messages` -> [(role, text)]; text parts of a content array are joined."""
+def chat_messages(body: dict) -> list[Message]:
+    """OpenAI `messages` -> Messages; text parts of a content array are joined; an assistant's
+    tool_calls and a tool result's ids go to the template as it expects them (tools.template_messages)."""
     msgs = body.get("messages")
     if not isinstance(msgs, list) or not msgs:
         raise ApiError(400, '"messages" must be a non-empty list of {"role", "content"} objects')
@@ -317,7 +358,27 @@ def chat_messages(body: dict) -> list[tuple[str, str]]:
         if role is None:
             known = ", ".join([*ROLES, *ROLE_ALIASES])
             raise ApiError(400, f'messages[{i}].role "{m["role"]}" is not a role this server knows ({known})')
-        out.append((role, _content_text(m.get("content"), i)))
+        extra = {k: m[k] for k in ("tool_calls", "tool_call_id", "name") if m.get(k) is not None}
+        if "tool_calls" in extra:
+            extra["tool_calls"] = _template_calls(extra["tool_calls"], i)
+        out.append(Message(role, _content_text(m.get("content"), i), extra or None))
+    return out
+
+
+def _template_calls(calls, i: int) -> list[dict]:
+    """OpenAI's assistant tool_calls carry arguments as a JSON string; chat templates (like HF's and
+    llama.cpp's renderers) expect the object."""
+    if not isinstance(calls, list) or not all(isinstance(c, dict) for c in calls):
+        raise ApiError(400, f"messages[{i}].tool_calls must be a list of tool call objects")
+    out = []
+    for c in calls:
+        fn = dict(c.get("function") or {}) if isinstance(c.get("function"), dict) else {}
+        if isinstance(fn.get("arguments"), str):
+            try:
+                fn["arguments"] = json.loads(fn["arguments"])
+            except ValueError:
+                pass  # not JSON: the template shows the text as it came
+        out.append({**c, "function": fn})
     return out
 
 

@@ -112,10 +112,13 @@ def oai_completion(obj_id: str, model: str, text: str | None, st=None, finish: s
     return out
 
 
-def oai_chat(obj_id: str, model: str, text: str, st) -> dict:
+def oai_chat(obj_id: str, model: str, text: str, st, tool_calls: list | None = None) -> dict:
     out = _oai_head(obj_id, model, "chat.completion")
-    out["choices"] = [{"index": 0, "finish_reason": finish_reason(st),
-                       "message": {"role": "assistant", "content": text}}]
+    message = {"role": "assistant", "content": text or (None if tool_calls else text)}
+    if tool_calls:
+        message["tool_calls"] = tool_calls
+    out["choices"] = [{"index": 0, "finish_reason": "tool_calls" if tool_calls else finish_reason(st),
+                       "message": message}]
     out.update(usage=usage(st), timings=timings(st), localspec=localspec_stats(st))
     return out
 

@@ -145,6 +145,8 @@ class ServerSession:
             prompt, cfg = job.prepare(engine)
             if job.extras.logit_bias or job.extras.ignore_eos:
                 cfg.logit_bias = resolve_logit_bias(job.extras.logit_bias, engine.target_model, job.extras.ignore_eos)
+            if cfg.grammar:
+                engine.grammar(cfg.grammar).close()  # a grammar that does not parse is a 400 before any answer
             try:
                 engine.check_prompt(prompt)
             except ContextFullError:
