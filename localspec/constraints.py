@@ -9,9 +9,10 @@ min(1, p_c(x)/q(x)), with p_c the target's distribution renormalised over what t
 draft token the grammar forbids has p_c = 0 and is always rejected. With no drafts a round is one plain
 constrained step, so plain and speculative decoding run the same code.
 
-Greedy rows check the unconstrained argmax first (one token through the grammar, microseconds) and mask
-the whole vocabulary only when the grammar forbids it, as llama.cpp's common sampler does; sampled rows
-mask the whole vocabulary, since p_c needs the allowed mass.
+Greedy rows check the unconstrained argmax first (one token through the grammar, microseconds), as
+llama.cpp's common sampler does, then the next best candidates one by one; sampled rows find the top-k
+allowed tokens the same way (top-k of the constrained row is exactly those). Only when the candidates
+run out is the whole vocabulary masked (~9 ms on Qwen's 151,936 tokens here, a third of a decode step).
 """
 
 from __future__ import annotations
@@ -59,10 +60,35 @@ class GrammarConstraint:
         self.state.close()
 
 
+SCAN = 64  # candidates checked one by one (~5 us each) before the whole vocabulary is masked (~9 ms here)
+
+
+def _allowed_top(row: np.ndarray, grammar, k: int) -> np.ndarray | None:
+    """The k best tokens the grammar allows, best first, found among the SCAN * k best of the row;
+    None when fewer are allowed there (then only a full mask can tell)."""
+    n = min(row.size, SCAN * k)
+    cand = np.argpartition(row, -n)[-n:]
+    cand = cand[np.argsort(-row[cand], kind="stable")]
+    found = []
+    for t in cand:
+        if not np.isfinite(row[t]):
+            break
+        if grammar.allows(int(t)):
+            found.append(int(t))
+            if len(found) == k:
+                return np.array(found)
+    return None
+
+
 def _allowed_argmax(row: np.ndarray, grammar) -> int:
+    """The constrained argmax: the row's best token if the grammar allows it (the common case), else the
+    best allowed one among the next candidates, else after masking the whole vocabulary."""
     best = int(row.argmax())
     if grammar.allows(best):
         return best
+    top = _allowed_top(row, grammar, 1)
+    if top is not None:
+        return int(top[0])
     masked = grammar.mask(row)
     best = int(masked.argmax())
     if not np.isfinite(masked[best]):
@@ -71,6 +97,13 @@ def _allowed_argmax(row: np.ndarray, grammar) -> int:
 
 
 def _allowed_probs(row: np.ndarray, grammar, cfg) -> np.ndarray:
+    """The constrained distribution: top-k of the allowed tokens (then top-p, min-p, temperature as
+    always). With top-k on, the k best allowed tokens decide it, so a full mask is rarely needed."""
+    top = _allowed_top(row, grammar, cfg.top_k) if 0 < cfg.top_k < row.size // SCAN else None
+    if top is not None:
+        kept = np.full_like(row, -np.inf)
+        kept[top] = row[top]
+        return logits_to_probs(kept, cfg)
     masked = grammar.mask(row)
     if not np.isfinite(masked.max()):
         raise ConfigError("the grammar allows no token here (it cannot be completed); check it")

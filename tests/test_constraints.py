@@ -76,10 +76,11 @@ def test_logit_bias_greedy_equals_plain_and_bans(perturbed):
     assert spec == plain and not set(banned) & set(spec) and st.drafted > 0
 
 
-@pytest.mark.parametrize("constraint", ["grammar", "logit_bias"])
-def test_sampling_under_a_constraint_is_distributed_as_the_constrained_target(bad, constraint):
+@pytest.mark.parametrize("constraint, top_k", [("grammar", 30), ("grammar", 3), ("logit_bias", 30)])
+def test_sampling_under_a_constraint_is_distributed_as_the_constrained_target(bad, constraint, top_k):
+    """top_k 3: the constrained top-k found by checking candidates one by one; 30: by masking the vocabulary."""
     e, prompt = bad, prompt_of(bad)
-    cfg = GenConfig(temperature=1.0, top_k=30, top_p=0.95, min_p=0.0, spec="on", drafter="model", draft_max=3,
+    cfg = GenConfig(temperature=1.0, top_k=top_k, top_p=0.95, min_p=0.0, spec="on", drafter="model", draft_max=3,
                     max_tokens=1)
     e.target.sync(prompt[:-1])
     row = e.target.eval([prompt[-1]], logits="last")[0]
