@@ -29,11 +29,17 @@ VIM_RING = {"id_slot": 0, "input_prefix": "", "input_suffix": "",
             "input_extra": [{"text": "import the data\n", "filename": "io.py"}], "prompt": "", "n_predict": 0,
             "temperature": 0.0, "samplers": [], "stream": False, "cache_prompt": True, "t_max_prompt_ms": 1,
             "t_max_predict_ms": 1, "response_fields": [""]}
-# llama.vscode (src/llama-server.ts, createRequestPayload with defaultRequestParams)
+# llama.vscode (src/llama-server.ts at 3938fb3, 2026-08-19: createRequestPayload with defaultRequestParams; it
+# cannot run headless, so its requests are replayed as its current source builds them; "model" is sent only
+# when one is configured)
 VSCODE_FIM = {"id_slot": 0, "input_prefix": "def hello world\n", "input_suffix": "\n", "input_extra": [],
               "prompt": "    ", "n_predict": 24, "n_cmpl": 1, "top_k": 40, "top_p": 0.99, "stream": False,
               "samplers": ["top_k", "top_p", "infill"], "cache_prompt": True, "n_indent": 4,
-              "t_max_prompt_ms": 500, "t_max_predict_ms": 2500}
+              "t_max_prompt_ms": 500, "t_max_predict_ms": 2500, "model": "qwen2.5-coder:1.5b"}
+# its cache warm-up (createRequestPayload with noPredict)
+VSCODE_WARM = {"id_slot": 0, "input_prefix": "def hello world\n", "input_suffix": "\n",
+               "input_extra": [{"text": "import the data\n", "filename": "io.py"}], "prompt": "", "n_predict": 0,
+               "samplers": [], "cache_prompt": True, "t_max_prompt_ms": 500, "t_max_predict_ms": 1}
 
 
 @pytest.fixture(scope="module")
@@ -128,6 +134,7 @@ def test_llama_vim_and_vscode_infill_requests(server):
     again = post(server, "/infill", VIM_FIM).json()
     assert again["timings/prompt_n"] < body["timings/prompt_n"] or body["timings/prompt_n"] <= 1  # prefix reused
     assert again["tokens_cached"] > 0
+    assert post(server, "/infill", VSCODE_WARM).status_code == 200
     r = post(server, "/infill", VSCODE_FIM)
     assert r.status_code == 200 and isinstance(r.json()["content"], str)  # llama.vscode reads .content
     full = r.json()
