@@ -136,7 +136,13 @@ def start_proxy(rec: Recorder) -> int:
             self.wfile.write(b"0\r\n\r\n")
             conn.close()
 
-        do_GET = do_POST = do_OPTIONS = _forward
+        def _safe_forward(self):
+            try:
+                self._forward()
+            except (BrokenPipeError, ConnectionResetError):  # the client hung up (llama.vim cancels): fine
+                self.close_connection = True
+
+        do_GET = do_POST = do_OPTIONS = _safe_forward
 
         def log_message(self, *a):
             pass
