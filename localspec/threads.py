@@ -8,15 +8,47 @@ machine, so `ThreadGovernor` measures: every target pass is priced against what 
 profile says it should cost (`slowdown` = seconds / expected), per thread count, as a running
 average. When passes come much slower than expected it tries one thread fewer and keeps whichever
 count is faster now; while running below the maximum it tries one more every PROBE_S seconds, since
-the machine may have calmed down. Thread counts never change the arithmetic's result in a way the
+the machine may have calmed down, but only when the other processes left a core free since the last
+look (`CpuWatch`, from /proc/stat: a probe into a busy machine costs far more than it can gain: passes at
+85-112x their expected cost were measured for the chat app in a terminal), and a probe that is plainly
+worse ends after one pass. Thread counts never change the arithmetic's result in a way the
 acceptance rule relies on: every confirmed token is still the target's own (see the note in
 docs/BENCHMARKS.md for the measured effect on greedy outputs).
 """
 
 from __future__ import annotations
 
+import os
+import resource
 import time
 from typing import Callable
+
+
+class CpuWatch:
+    """How many cores other processes kept busy since the last look (Linux's /proc/stat minus this
+    process's own CPU time); None where that cannot be read."""
+
+    def __init__(self, stat_path: str = "/proc/stat"):
+        self.stat_path = stat_path
+        self.tick_s = 1.0 / (os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100)
+        self.last = self._sample()
+
+    def _sample(self) -> tuple[float, float, float] | None:
+        try:
+            with open(self.stat_path) as f:
+                fields = [int(x) for x in f.readline().split()[1:]]
+        except (OSError, ValueError):
+            return None
+        busy = sum(fields) - fields[3] - (fields[4] if len(fields) > 4 else 0)  # all but idle and iowait
+        own = resource.getrusage(resource.RUSAGE_SELF)
+        return time.monotonic(), busy * self.tick_s, own.ru_utime + own.ru_stime
+
+    def others_busy(self) -> float | None:
+        now, before = self._sample(), self.last
+        self.last = now
+        if now is None or before is None or now[0] - before[0] < 0.2:
+            return None
+        return max(0.0, ((now[1] - before[1]) - (now[2] - before[2])) / (now[0] - before[0]))
 
 
 class ThreadGovernor:
@@ -26,10 +58,14 @@ class ThreadGovernor:
     PROBE_S = 3.0  # while below the maximum, try one thread more this often (doubling after each miss, to 30 s)
     RATE = 0.3  # weight of the newest pass in a count's running average
     FIRST_PROBE_S = 1.0  # after starting below the maximum on a hint, the first probe upwards comes this soon
+    BAD_TRIAL = 2.0  # a trial whose pass costs this many times the old count's average ends at once
+    FREE_CORE = 0.6  # probe upwards only if other processes left at least this much of a core free
 
     def __init__(self, max_threads: int, expected: Callable[[int], float | None], apply: Callable[[int], None],
-                 clock: Callable[[], float] = time.perf_counter):
+                 clock: Callable[[], float] = time.perf_counter,
+                 others_busy: Callable[[], float | None] | None = None):
         self.max_threads, self.expected, self.apply, self.clock = max_threads, expected, apply, clock
+        self.others_busy = others_busy if others_busy is not None else CpuWatch().others_busy
         self.threads = max_threads
         self.score: dict[int, float] = {}  # thread count -> running slowdown
         self.passes = 0  # passes at the current count since it was chosen
@@ -54,6 +90,9 @@ class ThreadGovernor:
         n = self.threads
         self.score[n] = s if n not in self.score or self.passes == 0 else self.score[n] + self.RATE * (s - self.score[n])
         self.passes += 1
+        if self.trial_from is not None and s > self.BAD_TRIAL * self.score.get(self.trial_from, float("inf")):
+            self._judge_trial()  # plainly worse: one such pass is enough (one can cost seconds)
+            return
         if self.passes < self.MIN_PASSES:
             return
         if self.trial_from is not None:
@@ -61,7 +100,15 @@ class ThreadGovernor:
         elif self.score[n] > self.TRIGGER and n > 1:
             self._try(n - 1, f"passes at {self.score[n]:.1f}x their expected cost")
         elif n < self.max_threads and self.clock() - self.since >= self.probe_s:
-            self._try(n + 1, "probing: the machine may have calmed down")
+            if self._core_free(n):
+                self._try(n + 1, "probing: the machine may have calmed down")
+            else:
+                self.since = self.clock()  # still busy: look again after another interval
+
+    def _core_free(self, n: int) -> bool:
+        """Whether the other processes left room for one more thread since the last look (unknown: yes)."""
+        busy = self.others_busy()
+        return busy is None or (os.cpu_count() or self.max_threads) - n - busy >= self.FREE_CORE
 
     def _try(self, n: int, why: str) -> None:
         self.trial_from = self.threads

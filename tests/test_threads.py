@@ -8,8 +8,9 @@ from localspec.threads import ThreadGovernor
 class Machine:
     """A fake machine: seconds per pass by thread count, and a clock that advances with every pass."""
 
-    def __init__(self, slowdown: dict[int, float]):
+    def __init__(self, slowdown: dict[int, float], others: float | None = None):
         self.slowdown, self.t, self.applied = slowdown, 0.0, []
+        self.others = others  # cores other processes keep busy (None: unknown, as off Linux)
 
     def clock(self) -> float:
         return self.t
@@ -22,7 +23,7 @@ class Machine:
 
 
 def governor(m: Machine, threads: int = 2) -> ThreadGovernor:
-    return ThreadGovernor(threads, lambda n: 0.03 * n, m.applied.append, clock=m.clock)
+    return ThreadGovernor(threads, lambda n: 0.03 * n, m.applied.append, clock=m.clock, others_busy=lambda: m.others)
 
 
 def test_a_quiet_machine_keeps_every_thread():
@@ -90,3 +91,42 @@ def test_a_process_starts_at_the_count_a_recent_one_found_fastest(localspec_home
     assert g.threads == 1 and m.applied == [1]
     m.run(g, 300)
     assert g.threads == 2 and saved[-1] == 2  # probed back up, and says so for the next process
+
+
+def test_a_probe_that_is_plainly_worse_ends_after_one_pass():
+    """Measured in a terminal: a 2-thread pass at 85-112x its expected cost, 2-3 s each; six of them
+    before judging cost more than the whole reply."""
+    m = Machine({2: 100.0, 1: 1.6})
+    g = governor(m)
+    g.start_at(1, "a hint")
+    m.run(g, 200)
+    probes = [c for c in g.changes if c[2] == 2]
+    assert probes and g.threads == 1
+    for probe in probes:  # every probe was undone by the very next pass
+        undo = g.changes[g.changes.index(probe) + 1]
+        assert undo[1:3] == (2, 1) and undo[0] - probe[0] <= 0.03 * 100.0 + 1e-9
+
+
+def test_no_probe_while_other_processes_hold_the_spare_core(monkeypatch):
+    monkeypatch.setattr("os.cpu_count", lambda: 2)
+    m = Machine({2: 3.0, 1: 1.6}, others=1.0)  # one busy background process
+    g = governor(m)
+    g.start_at(1, "a hint")
+    m.run(g, 500)
+    assert [c for c in g.changes if c[2] == 2] == []  # never tried: it could only lose
+    m.others, m.slowdown = 0.1, {2: 1.0, 1: 1.5}  # the other process finished
+    m.run(g, 300)
+    assert g.threads == 2
+
+
+def test_cpu_watch_reads_other_processes_busy_time(tmp_path):
+    from localspec.threads import CpuWatch
+
+    stat = tmp_path / "stat"
+    stat.write_text("cpu  100 0 100 1000 0 0 0 0 0 0\n")
+    w = CpuWatch(str(stat))
+    w.last = (w.last[0] - 1.0, w.last[1], w.last[2])  # a second ago
+    stat.write_text(f"cpu  {100 + int(1 / w.tick_s)} 0 100 1000 0 0 0 0 0 0\n")  # one core-second more busy
+    busy = w.others_busy()
+    assert busy is not None and 0.8 < busy <= 1.0
+    assert CpuWatch(str(tmp_path / "missing")).others_busy() is None

@@ -25,7 +25,7 @@ from ..engine import Message
 from ..errors import LocalspecError
 from ..session import gen_config
 from .context import reply_reserve, turns_to_drop
-from .history import HistoryError, HistoryStore, message_note
+from .history import HistoryError, HistoryStore
 from .messages import (
     Loaded,
     LoadFailed,
@@ -36,7 +36,8 @@ from .messages import (
     Turn,
 )
 from .options import ChatOptions
-from .provenance import decode_runs, encode_runs
+from .provenance import encode_runs
+from .resume import resume_conversation
 from .slash import BY_NAME, help_text
 from .state import STATE_AFTER_STOP, State
 from .status import Live, format_status, reply_note
@@ -56,6 +57,11 @@ class ChatApp(App):
         Binding("escape", "cancel", "cancel", priority=True),
         Binding("ctrl+t", "toggle_provenance", "provenance", priority=True),
         Binding("ctrl+y", "copy_reply", "copy reply", priority=True),
+        # the conversation scrolls while the prompt box keeps the focus, as in a terminal's scrollback
+        Binding("pageup", "scroll_conversation(-1)", show=False, priority=True),
+        Binding("pagedown", "scroll_conversation(1)", show=False, priority=True),
+        Binding("ctrl+home", "scroll_conversation(-1000000)", show=False, priority=True),
+        Binding("ctrl+end", "scroll_conversation(1000000)", show=False, priority=True),
     ]
 
     def __init__(self, options: ChatOptions | None = None, history_path: str | Path | None = None) -> None:
@@ -134,7 +140,7 @@ class ChatApp(App):
                 await self.resume(None)
             except Exception as e:
                 await self.say(f"cannot continue the last conversation ({e}); starting a new one", "error")
-        self.set_interval(0.25, self._tick_loading)
+        self._load_ticker = self.set_interval(0.25, self._tick_loading)
         self._tick_loading()
         self.refresh_status()
         self._load()
@@ -169,6 +175,7 @@ class ChatApp(App):
 
     def _tick_loading(self) -> None:
         if not self.loading:
+            self._load_ticker.stop()  # no timer waking the UI while replies stream
             return
         try:
             label = self.query_one("#load-label", Static)
@@ -413,6 +420,10 @@ class ChatApp(App):
         self._cancel.set()
         self.exit()
 
+    def action_scroll_conversation(self, pages: int) -> None:
+        conv = self.conv
+        conv.scroll_to(y=conv.scroll_y + pages * max(1, conv.size.height - 2), animate=False)
+
     def action_toggle_provenance(self) -> None:
         self.provenance = not self.provenance
         for view in self.query(AssistantMessage):
@@ -466,34 +477,4 @@ class ChatApp(App):
     # --- resuming -------------------------------------------------------------------------------
     async def resume(self, cid: int | None) -> None:
         """Show a saved conversation and continue it (the last one when cid is None)."""
-        if self.store is None:
-            await self.say(f"cannot resume: {self.store_error}", "error")
-            return
-        if cid is None:
-            cid = self.store.last_conversation_id()
-            if cid is None:
-                await self.say("no saved conversation to continue; starting a new one", "info")
-                return
-        conv = self.store.get(cid)
-        for w in list(self.conv.children):
-            if isinstance(w, (UserMessage, AssistantMessage)):
-                await w.remove()
-        self.turns, self.sliding = [], False
-        self.conversation_id = conv.id
-        self.system = self.options.gen.system or conv.system  # --system overrides the saved one
-        if self.system != conv.system:
-            self.store.update_conversation(conv.id, system=self.system)
-        for m in conv.messages:
-            if m.role == "user":
-                self.turns.append(Message("user", m.content))
-                await self.add_view(UserMessage(m.content))
-            elif m.role == "assistant":
-                if not m.content and (m.error or not m.complete):
-                    continue  # a reply that never confirmed a token
-                self.turns.append(Message("assistant", m.content))
-                runs = decode_runs(m.provenance)
-                await self.add_view(AssistantMessage(m.content, runs, self.provenance, message_note(m)))
-                self.last_reply = m.content
-        await self.say(f"continuing conversation #{conv.id} “{conv.title or 'untitled'}” "
-                       f"({len(self.turns)} messages)", "ok")
-
+        await resume_conversation(self, cid)

@@ -14,6 +14,7 @@ from ..errors import ConfigError
 KEYS = [
     "Enter send · ctrl+j newline · ↑/↓ earlier prompts · Esc cancel the reply · ctrl+q quit",
     "ctrl+t provenance colours (green: accepted drafts, amber: the target's) · ctrl+y copy reply",
+    "PgUp/PgDn scroll the conversation · ctrl+Home/ctrl+End its top and bottom",
 ]
 
 

@@ -25,9 +25,10 @@ from .messages import (
 )
 from .status import Live
 
-STREAM_INTERVAL_S = 1 / 3  # the worker posts confirmed text to the UI at most this often: each update re-renders
-# the growing Markdown on the UI thread, which competes with the decode threads for the cores (measured on
-# 2 cores: chat at 0.80x the CLI's tok/s with 8 updates a second, 0.97x with 3; scripts/load-check)
+STREAM_INTERVAL_S = 0.5  # the worker posts confirmed text to the UI at most this often (the first piece at once):
+# each update reflows and repaints the conversation on the UI thread, which takes CPU from the decode threads
+# (a real terminal, tmux 120x40, 200-token reply, quiet 2 cores: 3 updates a second cost the UI thread 8% of a
+# core and chat ran at 0.92x the CLI's tok/s; 2 a second, 6% and 0.95x; 1 a second, 4% and 0.96x)
 SAVE_INTERVAL_S = 0.5  # ... and writes the reply so far to the history this often
 
 Post = Callable[[object], None]
