@@ -10,7 +10,7 @@ import re
 import numpy as np
 import pytest
 from conftest import real_pair_paths
-from test_engine import _chi2_fails, greedy, load, pool_eog, run
+from test_engine import _chi2_fails, bad, greedy, perturbed, pool_eog, run, same  # noqa: F401 (fixtures)
 
 from localspec.backend import GrammarSampler
 from localspec.config import GenConfig
@@ -20,27 +20,6 @@ from localspec.sampling import logits_to_probs
 
 WORDS_GBNF = 'root ::= w{8,}\nw ::= " cache" | " model" | " fast" | " draft" | " data"'
 WORDS_RE = re.compile(r"( cache| model| fast| draft| data){8,}")
-
-
-@pytest.fixture(scope="module")
-def perturbed(tiny):
-    e = load(tiny.target, tiny.perturbed)
-    yield e
-    e.close()
-
-
-@pytest.fixture(scope="module")
-def same(tiny):
-    e = load(tiny.target, tiny.same)
-    yield e
-    e.close()
-
-
-@pytest.fixture(scope="module")
-def bad(tiny):
-    e = load(tiny.target, tiny.bad)
-    yield e
-    e.close()
 
 
 def prompt_of(e, text="the cache is fast . the cache is"):
