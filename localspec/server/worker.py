@@ -28,6 +28,7 @@ from .protocol import ApiError, Extras, log_unexpected, resolve_logit_bias
 
 Emit = Callable[[tuple], None]
 MAX_WAITING = 64  # queued requests beyond this are refused (503) instead of held in memory without bound
+CUT_SHORT = "the server is shutting down; the answer was cut short"
 
 
 @dataclass
@@ -65,7 +66,7 @@ class ServerSession:
         error event at once (a prompt evaluation in progress is not waited for), so every client can tell
         a shutdown from a finished answer and the HTTP server has nothing left to wait out."""
         self.closing = True
-        shutting = ("error", ApiError(503, "the server is shutting down; the answer was cut short"))
+        shutting = ("error", ApiError(503, CUT_SHORT))
         running = self._current
         while True:
             try:
@@ -168,7 +169,7 @@ class ServerSession:
             return
         self.metrics.add(stats)
         if self.closing and stats.stop_reason == "cancelled":  # cut short by shutdown: not a finished answer
-            job.emit(("error", ApiError(503, "the server is shutting down; the answer was cut short")))
+            job.emit(("error", ApiError(503, CUT_SHORT)))
             return
         job.emit(("done", stats))
 
