@@ -87,13 +87,7 @@ def _allowed_argmax(row: np.ndarray, grammar) -> int:
     if grammar.allows(best):
         return best
     top = _allowed_top(row, grammar, 1)
-    if top is not None:
-        return int(top[0])
-    masked = grammar.mask(row)
-    best = int(masked.argmax())
-    if not np.isfinite(masked[best]):
-        raise ConfigError("the grammar allows no token here (it cannot be completed); check it")
-    return best
+    return int(top[0]) if top is not None else int(_masked(row, grammar).argmax())
 
 
 def _allowed_probs(row: np.ndarray, grammar, cfg) -> np.ndarray:
@@ -104,10 +98,15 @@ def _allowed_probs(row: np.ndarray, grammar, cfg) -> np.ndarray:
         kept = np.full_like(row, -np.inf)
         kept[top] = row[top]
         return logits_to_probs(kept, cfg)
+    return logits_to_probs(_masked(row, grammar), cfg)
+
+
+def _masked(row: np.ndarray, grammar) -> np.ndarray:
+    """The row with every forbidden token at -inf; a grammar that allows nothing here is the user's error."""
     masked = grammar.mask(row)
     if not np.isfinite(masked.max()):
         raise ConfigError("the grammar allows no token here (it cannot be completed); check it")
-    return logits_to_probs(masked, cfg)
+    return masked
 
 
 def schema_grammar(schema: dict) -> str:

@@ -15,6 +15,8 @@ import ipaddress
 import json
 from dataclasses import dataclass, field
 
+from .protocol import ApiError
+
 MAX_BODY_BYTES = 32 << 20  # a context of 128k tokens is under 1 MB of text; this bounds what one client makes us hold
 CORS_HEADERS = "Authorization, Content-Type, X-Api-Key"
 
@@ -96,8 +98,6 @@ class Guard:
 
 
 def error_body(status: int, message: str) -> bytes:
-    from .protocol import ApiError
-
     return json.dumps(ApiError(status, message).body()).encode()
 
 
