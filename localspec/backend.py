@@ -274,13 +274,40 @@ class Context:
                 return
             del self.tokens[n:]
 
-    def sync(self, tokens: list[int]) -> int:
+    def sync(self, tokens: list[int], should_stop=None, step: int = 128) -> int:
         """Make the cache hold exactly `tokens`, reusing the longest common prefix (prompt cache
-        across chat turns). Returns how many tokens had to be evaluated."""
+        across chat turns). Returns how many tokens had to be evaluated. With `should_stop`, the
+        evaluation goes `step` tokens at a time and ends early (the cache then holds a prefix of
+        `tokens`) when it says so: background work gives way to a waiting request."""
         n = common_prefix(self.tokens, tokens)
         self.truncate(n)
-        self.eval(tokens[n:], logits="none")
-        return len(tokens) - n
+        if should_stop is None:
+            self.eval(tokens[n:], logits="none")
+        else:
+            for start in range(n, len(tokens), step):
+                if should_stop():
+                    break
+                self.eval(tokens[start:start + step], logits="none")
+        return len(self.tokens) - n
+
+    def snapshot(self):
+        """The KV state of the sequence (llama_state_seq_get_data) in a ctypes byte array, to restore later."""
+        L = self.L
+        size = L.llama_state_seq_get_size(self.ptr, 0)
+        buf = (ctypes.c_uint8 * size)()
+        if L.llama_state_seq_get_data(self.ptr, buf, size, 0) != size:
+            raise ModelLoadError("llama.cpp could not copy the KV cache")
+        return buf
+
+    def restore(self, state, tokens: list[int]) -> bool:
+        """Put back a snapshot taken when the cache held `tokens`; False (cache emptied) if it does not fit."""
+        L = self.L
+        L.llama_memory_seq_rm(self.mem, 0, -1, -1)
+        if not L.llama_state_seq_set_data(self.ptr, state, len(state), 0):
+            self.reset()
+            return False
+        self.tokens = list(tokens)
+        return True
 
     def reset(self) -> None:
         self.L.llama_memory_clear(self.mem, True)

@@ -146,3 +146,13 @@ def json_grammar() -> str:
     from llama_cpp.llama_grammar import JSON_GBNF
 
     return JSON_GBNF
+
+
+def starts_with_grammar(text: str) -> str:
+    """GBNF for any text that starts with `text` (token healing: the output re-creates a token the
+    prompt left out, whatever tokens the model spells it with)."""
+    escaped = "".join(_GBNF_ESCAPES.get(c, c) for c in text)
+    return f'root ::= "{escaped}" .*'
+
+
+_GBNF_ESCAPES = {"\\": "\\\\", '"': '\\"', "\n": "\\n", "\r": "\\r", "\t": "\\t"}

@@ -18,7 +18,7 @@ import numpy as np
 from .backend import Context, GrammarSampler, Model
 from .chat_format import render_prompt
 from .compat import require_compatible
-from .constraints import GrammarConstraint
+from .constraints import GrammarConstraint, starts_with_grammar
 from .config import GenConfig, LoadConfig
 from .drafters import Draft, DraftFloor, DraftModel, HybridDrafter, NgramDrafter
 from .errors import ConfigError, ContextFullError
@@ -119,6 +119,7 @@ class Engine:
         # a server's n-gram drafter also looks in its earlier requests and answers; off for one-shot
         # runs and for the bench, whose A/B runs repeat each prompt and must not draft from each other
         self.remember_generations = False
+        self.prompt_cache = None  # promptcache.PromptCache: several saved prompts (the server's, for editors)
         self.last_stats: Stats | None = None
 
     def _expected_pass_s(self, n_tokens: int) -> float | None:
@@ -208,13 +209,18 @@ class Engine:
         decode_before = tgt.decode_s + self._draft_decode_s()
 
         t0 = time.perf_counter()
-        stats.prompt_eval_tokens = tgt.sync(seq[:-1])  # reuses the cached prefix of a conversation
+        self._fill(seq[:-1], stats, cancel)  # reuses the cached prefix of a conversation (or a saved prompt)
+        stats.prompt_eval_s = time.perf_counter() - t0
+        if len(tgt.tokens) < len(seq) - 1:  # cancelled during the prompt
+            stats.stop_reason = "cancelled"
+            return
         if drafter:
             drafter.begin(seq)
-        stats.prompt_eval_s = time.perf_counter() - t0
 
-        text = TextStream(cfg.stop)
-        grammar = self.grammar(cfg.grammar) if cfg.grammar else None
+        heal = cfg.heal if not cfg.grammar else ""  # healing is itself a grammar: not combined with another
+        text = TextStream(cfg.stop, skip=heal)
+        gbnf = cfg.grammar or (starts_with_grammar(heal) if heal else None)
+        grammar = self.grammar(gbnf) if gbnf else None
         loop = speculative_decode(tgt, drafter, policy, seq, cfg, stats, rng, grammar)
         t_gen = time.perf_counter()
         try:
@@ -260,15 +266,25 @@ class Engine:
         except ValueError as e:
             raise ConfigError(str(e)) from None
 
-    def prefill(self, prompt: list[int]) -> Stats:
+    def prefill(self, prompt: list[int], should_stop: Callable[[], bool] | None = None) -> Stats:
         """Evaluate a prompt into the target's cache without generating (a client warming the cache
-        for its next request, llama-server's n_predict 0)."""
+        for its next request, llama-server's n_predict 0). `should_stop` makes it background work:
+        it then ends early (stop_reason "cancelled", what was evaluated kept) when that says so."""
         self.check_prompt(prompt)
         stats = self.last_stats = Stats(prompt_tokens=len(prompt), spec_mode="off", stop_reason="length")
         t0 = time.perf_counter()
-        stats.prompt_eval_tokens = self.target.sync(prompt[:-1])
+        self._fill(prompt[:-1], stats, should_stop)
+        if len(self.target.tokens) < len(prompt) - 1:
+            stats.stop_reason = "cancelled"
         stats.prompt_eval_s = time.perf_counter() - t0
         return stats
+
+    def _fill(self, tokens: list[int], stats: Stats, should_stop=None) -> None:
+        """Bring the target's cache to `tokens`, from the best cached prompt when there is a cache."""
+        if self.prompt_cache is not None:
+            use = self.prompt_cache.prepare(tokens)
+            stats.cache_restored, stats.cache_entries = use.restored, use.entries
+        stats.prompt_eval_tokens = self.target.sync(tokens, should_stop)
 
     def _draft_decode_s(self) -> float:
         return self.draft_ctx.decode_s if self.draft_ctx is not None else 0.0

@@ -30,6 +30,8 @@ class Stats:
     policy: str = ""  # how k was chosen (for the record)
     threads: int = 0  # decode threads at the end of the run
     thread_changes: list = field(default_factory=list)  # [[from, to, why], ...] during this run
+    cache_restored: bool = False  # the prompt started from a saved prompt (promptcache), not the live cache
+    cache_entries: int = 0  # saved prompts held after this one (0 without a prompt cache)
 
     def add_round(self, source: str, drafted: int, accepted: int, draft_s: float, verify_s: float) -> None:
         self.target_passes += 1

@@ -12,8 +12,10 @@ import codecs
 
 
 class TextStream:
-    def __init__(self, stop: list[str] | None = None):
+    def __init__(self, stop: list[str] | None = None, skip: str = ""):
+        """skip: text the output starts with that is not shown (a healed token's text, already in the prompt)."""
         self.stop = [s for s in (stop or []) if s]
+        self._skip = len(skip)
         self._decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
         self._pending = ""  # decoded, not yet emitted (could be a stop-string prefix)
         self.stopped = False
@@ -24,6 +26,9 @@ class TextStream:
         if self.stopped:
             return ""
         self._pending += self._decoder.decode(piece)
+        if self._skip:
+            n = min(self._skip, len(self._pending))
+            self._pending, self._skip = self._pending[n:], self._skip - n
         return self._release(final=False)
 
     def flush(self) -> str:

@@ -109,6 +109,25 @@ def summary(method: str, path: str, headers, body: bytes) -> dict:
     return out
 
 
+def answer_summary(body: bytes) -> dict:
+    """What a JSON answer says of its work (llama.cpp's timings), for the benches' request logs."""
+    try:
+        obj = json.loads(body)
+    except ValueError:
+        return {}
+    if not isinstance(obj, dict):
+        return {}
+    t = obj.get("timings") or {}
+    out = {}
+    for k in ("prompt_n", "cache_n", "predicted_n", "prompt_ms", "predicted_ms", "draft_n", "draft_n_accepted"):
+        v = t.get(k, obj.get("timings/" + k))  # llama.vim asks for flattened fields ("response_fields")
+        if v is not None:
+            out[k] = v
+    if "content" in obj:
+        out["content"] = obj["content"]
+    return out
+
+
 def start_proxy(rec: Recorder) -> int:
     class Handler(BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"
@@ -116,7 +135,9 @@ def start_proxy(rec: Recorder) -> int:
         def _forward(self):
             length = int(self.headers.get("Content-Length") or 0)
             body = self.rfile.read(length) if length else b""
-            rec.seen.append(summary(self.command, self.path, self.headers, body))
+            seen = summary(self.command, self.path, self.headers, body)
+            seen["t_start"] = time.monotonic()
+            rec.seen.append(seen)
             conn = http.client.HTTPConnection("127.0.0.1", rec.upstream, timeout=600)
             headers = {k: v for k, v in self.headers.items() if k.lower() not in ("host", "connection", "content-length")}
             conn.request(self.command, self.path, body=body or None, headers=headers)
@@ -127,14 +148,18 @@ def start_proxy(rec: Recorder) -> int:
                     self.send_header(k, v)
             self.send_header("Transfer-Encoding", "chunked")
             self.end_headers()
+            kept = []
             while True:
                 chunk = resp.read1(65536)
                 if not chunk:
                     break
+                if sum(map(len, kept)) < 1 << 16:
+                    kept.append(chunk)
                 self.wfile.write(b"%x\r\n%s\r\n" % (len(chunk), chunk))
                 self.wfile.flush()
             self.wfile.write(b"0\r\n\r\n")
             conn.close()
+            seen.update(status=resp.status, t_end=time.monotonic(), response=answer_summary(b"".join(kept)))
 
         def _safe_forward(self):
             try:

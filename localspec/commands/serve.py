@@ -11,6 +11,7 @@ from .common import (
     add_model_args,
     gen_choice,
     model_choice,
+    nonneg_int,
     pos_int,
     stderr_note,
 )
@@ -39,6 +40,7 @@ def register(sub) -> None:
                    help="let web pages from ORIGIN (e.g. http://localhost:3000; * = any) call the server from a "
                         "browser (repeatable; default: browser requests from other origins are refused)")
     g.add_argument("--log-requests", action="store_true", help="print one line per request")
+    add_editor_args(p)
     p.set_defaults(func=cmd_serve)
 
 
@@ -51,4 +53,30 @@ def cmd_serve(args) -> int:
         sys.stdout.flush()
 
     return serve(model_choice(args), gen_choice(args), args.host, args.port, args.api_key, stderr_note,
-                 on_listen, args.log_requests, args.cors)
+                 on_listen, args.log_requests, args.cors, editor_settings(args))
+
+
+def add_editor_args(p) -> None:
+    from ..fim_windows import FimBudget
+
+    d = FimBudget()
+    g = p.add_argument_group("editors (/infill)")
+    g.add_argument("--fim-layout", choices=["editor", "llama-server"], default="editor",
+                   help="editor (default): windows that let typing reuse the cached prompt; llama-server: its "
+                        "format_infill windows (the last 1,536 prefix tokens, the suffix after the typed text)")
+    g.add_argument("--fim-prefix", type=nonneg_int, default=d.prefix, metavar="N",
+                   help="prefix tokens before the anchor (default 0: about 8 s of this machine's prompt speed, "
+                        "256 to 1,536)")
+    g.add_argument("--fim-suffix", type=nonneg_int, default=d.suffix, metavar="N", help=f"suffix tokens (default {d.suffix})")
+    g.add_argument("--fim-extra", type=nonneg_int, default=d.extra, metavar="N",
+                   help=f"tokens of the editor's extra context (other files) (default {d.extra})")
+    g.add_argument("--cache-ram", type=nonneg_int, default=256, metavar="MIB",
+                   help="memory for saved prompts, so warm-ups and other files do not evict the editor's (default "
+                        "256; 0 = keep only the last prompt)")
+
+
+def editor_settings(args):
+    from ..fim_windows import EditorSettings, FimBudget
+
+    budget = FimBudget(prefix=args.fim_prefix, suffix=args.fim_suffix, extra=args.fim_extra)
+    return EditorSettings(layout=args.fim_layout, budget=budget, cache_mib=args.cache_ram)

@@ -24,6 +24,7 @@ from starlette.responses import (
 )
 from starlette.routing import Route
 
+from ..backend import common_prefix
 from ..engine import Message
 from ..fim import FimUnsupported, fim_stop_tokens, infill_tokens, require_fim
 from . import shapes
@@ -125,7 +126,7 @@ async def _body(request: Request, state: ServerState) -> dict:
 class Run:
     """One queued job seen from the event loop: its events arrive on an asyncio queue."""
 
-    def __init__(self, state: ServerState, prepare, extras: Extras):
+    def __init__(self, state: ServerState, prepare, extras: Extras, background: bool = False, slot: str | None = None):
         loop = asyncio.get_running_loop()
         self.events: asyncio.Queue = asyncio.Queue()
 
@@ -135,7 +136,7 @@ class Run:
             except RuntimeError:  # the event loop has closed (shutdown)
                 pass
 
-        self.job = Job(prepare, extras, emit)
+        self.job = Job(prepare, extras, emit, background=background, slot=slot)
         self.stats = None  # the engine's Stats, once done
         state.server.submit(self.job)
 
@@ -327,12 +328,23 @@ async def infill(request: Request, state: ServerState) -> Response:
     cfg, extras = gen_settings(body, state.server.session.gen, oai=False)
     cfg.stop_tokens = fim_stop_tokens(state.server.model)
 
-    def prepare(engine):
-        n_ctx = engine.target.n_ctx
-        n_predict = cfg.max_tokens if cfg.max_tokens < n_ctx else 0  # unlimited: no room set aside
-        return infill_tokens(engine.target_model, body, extra, n_ctx, n_predict), cfg
+    windows = state.server.fim
+    warmup = cfg.max_tokens == 0
 
-    return await _native(request, state, Run(state, prepare, extras), cfg, extras)
+    def prepare(engine):
+        if windows is None:  # --fim-layout llama-server
+            n_ctx = engine.target.n_ctx
+            n_predict = cfg.max_tokens if cfg.max_tokens < n_ctx else 0  # unlimited: no room set aside
+            return infill_tokens(engine.target_model, body, extra, n_ctx, n_predict), cfg
+        if warmup and not (body["input_prefix"] or body["input_suffix"] or body.get("prompt")):
+            return windows.warmup_prompt(extra), cfg  # an editor's new extra context, evaluated in the background
+        cache = engine.prompt_cache
+        cached = cache.prefix_len if cache else lambda toks: common_prefix(engine.target.tokens, toks)
+        prompt, cfg.heal = windows.completion_prompt(body, extra, cached)
+        return prompt, cfg
+
+    slot = None if warmup else f"infill/{body.get('id_slot', -1)}"
+    return await _native(request, state, Run(state, prepare, extras, background=warmup, slot=slot), cfg, extras)
 
 
 # --- information endpoints -------------------------------------------------------------------------

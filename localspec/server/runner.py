@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Callable
 
 from ..errors import ConfigError, LocalspecError
+from ..fim_windows import EditorSettings
 from ..session import GenChoice, ModelChoice, Session
 from . import DEFAULT_PORT  # noqa: F401  (re-exported for the CLI)
 from .app import ServerState, create_app
@@ -45,7 +46,8 @@ def model_names(session: Session) -> tuple[str, set[str]]:
     return model_id, {model_id, target.name, target.stem, "localspec", sel.name}
 
 
-def load_into(state: ServerState, models: ModelChoice, gen: GenChoice, notify: Callable[[str], None]) -> bool:
+def load_into(state: ServerState, models: ModelChoice, gen: GenChoice, notify: Callable[[str], None],
+              editor: EditorSettings | None = None) -> bool:
     try:
         session = Session.open(models, gen, notify)
         if session.gen.max_tokens < 0:
@@ -57,13 +59,13 @@ def load_into(state: ServerState, models: ModelChoice, gen: GenChoice, notify: C
     for text in session.notes:
         notify(f"note: {text}")
     state.model_id, state.aliases = model_names(session)
-    state.server = ServerSession(session)
+    state.server = ServerSession(session, editor)
     return True
 
 
 def serve(models: ModelChoice, gen: GenChoice, host: str, port: int, api_key: str | None,
           notify: Callable[[str], None], on_listen: Callable[[str], None], log_requests: bool = False,
-          cors: list[str] | None = None) -> int:
+          cors: list[str] | None = None, editor: EditorSettings | None = None) -> int:
     import uvicorn
 
     if not is_loopback(host) and not api_key:
@@ -83,7 +85,7 @@ def serve(models: ModelChoice, gen: GenChoice, host: str, port: int, api_key: st
     @contextlib.asynccontextmanager
     async def lifespan(app):
         def load():
-            if load_into(state, models, gen, notify):
+            if load_into(state, models, gen, notify, editor):
                 notify(f"ready: {state.model_id} ({state.server.session.selection.describe()})")
             else:
                 failed.set()

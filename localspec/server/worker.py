@@ -1,7 +1,8 @@
-"""One loaded pair behind a FIFO queue: `ServerSession`.
+"""One loaded pair behind a queue: `ServerSession`.
 
-Requests become `Job`s. One worker thread takes them in arrival order and runs each to the end
-(none is cancelled by another, none is lost, none gets another's text): it builds the prompt,
+Requests become `Job`s. One worker thread takes them in arrival order, requests before warm-ups
+(`jobqueue`), and runs each to the end (none is lost, none gets another's text; only a newer
+completion from the same editor slot ends one early): it builds the prompt,
 generates through the session's engine, and reports back through the job's `emit` callback —
 ("start", prompt_len) once the prompt is accepted, ("text", str) for confirmed text, then
 ("done", Stats) or ("error", ApiError). A job whose client hung up is cancelled within one
@@ -13,16 +14,19 @@ evaluates only the new tokens (`cache_n`), in the target and the draft model ali
 
 from __future__ import annotations
 
-import queue
 import threading
 from dataclasses import dataclass, field
 from typing import Callable
 
 from ..costmodel import depth_bucket, measure_at_depth
 from ..errors import ContextFullError, LocalspecError
+from ..fim_windows import EditorSettings, EditorWindows
+from ..promptcache import PromptCache
 from ..session import Session
 from ..tuning import profile_path
+from ..stats import Stats
 from .infill import LineLimits
+from .jobqueue import JobQueue
 from .metrics import Metrics
 from .protocol import ApiError, Extras, log_unexpected, resolve_logit_bias
 
@@ -37,15 +41,22 @@ class Job:
     extras: Extras
     emit: Emit
     cancel: threading.Event = field(default_factory=threading.Event)
+    background: bool = False  # a warm-up (n_predict 0): served after the others, gives way to them
+    slot: str | None = None  # an editor slot: a newer completion from it supersedes this one
 
 
 class ServerSession:
-    def __init__(self, session: Session):
+    def __init__(self, session: Session, editor: EditorSettings | None = None):
         self.session = session
         self.engine = session.engine
+        editor = editor or EditorSettings()
+        if editor.cache_mib > 0:  # warm-ups and other files no longer evict the editor's prompt
+            self.engine.prompt_cache = PromptCache(self.engine.target, editor.cache_mib << 20)
+        self.fim = EditorWindows(self.engine.target_model, editor.budget) if editor.layout == "editor" else None
         self.engine.remember_generations = True  # n-gram drafts may copy earlier answers
         self.metrics = Metrics()
-        self.jobs: queue.Queue[Job | None] = queue.Queue()
+        self.jobs = JobQueue(self._superseded)
+        self.idle_prompt: list[int] | None = None  # a warm-up cut short by a request: finished when idle
         self.thread = threading.Thread(target=self._run, name="localspec-generate", daemon=True)
         self.thread.start()
 
@@ -68,14 +79,9 @@ class ServerSession:
         self.closing = True
         shutting = ("error", ApiError(503, CUT_SHORT))
         running = self._current
-        while True:
-            try:
-                job = self.jobs.get_nowait()
-            except queue.Empty:
-                break
-            if job is not None:
-                job.cancel.set()
-                job.emit(shutting)
+        for job in self.jobs.drain():
+            job.cancel.set()
+            job.emit(shutting)
         if running is not None:
             running.cancel.set()
             running.emit(shutting)
@@ -101,15 +107,26 @@ class ServerSession:
 
     closing = False  # set once shutdown begins: new jobs are refused, running ones end
 
+    def _superseded(self, job: Job) -> None:
+        """A newer completion from the same editor slot replaced this waiting one: an empty answer."""
+        self.metrics.deferred -= 1
+        job.cancel.set()
+        job.emit(("start", 0))
+        job.emit(("done", Stats(stop_reason="superseded", spec_mode="off")))
+
     def _run(self) -> None:
         while True:
-            job = self.jobs.get()
+            try:
+                job = self.jobs.get(timeout=0 if self.idle_prompt else None)
+            except TimeoutError:
+                self._finish_warmup()
+                continue
             if job is None:
                 return
             self.metrics.deferred -= 1
             if job.cancel.is_set():
                 continue
-            self._current = job
+            self._current = self.jobs.running = job
             self.metrics.processing = 1
             try:
                 self._serve(job)
@@ -119,7 +136,18 @@ class ServerSession:
                 log_unexpected("the generation thread", e)
             finally:
                 self.metrics.processing = 0
-                self._current = None
+                self._current = self.jobs.running = None
+
+    def _finish_warmup(self) -> None:
+        """Idle: go on evaluating the warm-up a request interrupted, giving way again to any job."""
+        prompt, self.idle_prompt = self.idle_prompt, None
+        try:
+            stats = self.engine.prefill(prompt, should_stop=lambda: not self.jobs.empty())
+        except Exception as e:
+            log_unexpected("a background warm-up", e)
+            return
+        if stats.stop_reason == "cancelled":
+            self.idle_prompt = prompt
 
     def _measure_depth(self) -> None:
         """While idle, price passes at the depth the last request ran at, once per depth bucket, so
@@ -168,6 +196,8 @@ class ServerSession:
             job.emit(("error", ApiError(500, "the server failed while generating; see its log")))
             return
         self.metrics.add(stats)
+        if self.fim is not None:  # the FIM windows size themselves by the measured prompt speed
+            self.fim.observe(stats.prompt_eval_tokens, stats.prompt_eval_s)
         if self.closing and stats.stop_reason == "cancelled":  # cut short by shutdown: not a finished answer
             job.emit(("error", ApiError(503, CUT_SHORT)))
             return
@@ -176,7 +206,13 @@ class ServerSession:
     def _generate(self, job: Job, prompt: list[int], cfg):
         engine, ex = self.engine, job.extras
         if cfg.max_tokens == 0:
-            return engine.prefill(prompt)
+            if not job.background:
+                return engine.prefill(prompt)
+            self.idle_prompt = None  # a newer warm-up replaces an unfinished one
+            stats = engine.prefill(prompt, should_stop=self.jobs.foreground_waiting)
+            if stats.stop_reason == "cancelled":  # a request came: it goes first, the rest waits for idle time
+                self.idle_prompt, stats.stop_reason = prompt, "length"
+            return stats
         limits = LineLimits(ex.n_indent, ex.t_max_predict_ms) if (ex.n_indent or ex.t_max_predict_ms) else None
         gen = engine.generate(prompt, cfg, cancel=job.cancel.is_set)
         try:

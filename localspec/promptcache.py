@@ -1,0 +1,95 @@
+"""More than one cached prompt: snapshots of the target's KV cache in host memory.
+
+The target context holds one sequence. Before a request would throw away a long stretch of it
+(a warm-up with other extra context, a jump to another file), the sequence is saved here; a later
+request starts from whichever of the live cache and the saved ones shares the longest exact
+prefix with its prompt (llama-server's `--cache-ram`). Restoring is a memory copy (≈ 28 KB a
+token for a 1.5B model), so it pays as soon as it saves a few tokens of evaluation.
+
+Memory is bounded by `budget_bytes`, least recently used first out; a snapshot whose tokens are a
+prefix of a newer one is dropped (the newer one covers it).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from .backend import Context, common_prefix
+
+KEEP_MIN = 64  # a divergence that would lose fewer cached tokens than this is not worth a snapshot
+GAIN_MIN = 16  # restore only when it saves at least this many tokens of evaluation
+
+
+@dataclass
+class Snapshot:
+    tokens: list[int]
+    state: bytes
+    used: int = 0
+
+
+@dataclass
+class CacheUse:
+    """What the cache did for one prompt (reported in a reply's timings)."""
+    restored: bool = False
+    reused: int = 0  # prompt tokens not evaluated again
+    saved: int = 0  # snapshots taken
+    entries: int = 0
+    bytes: int = 0
+
+
+@dataclass
+class PromptCache:
+    ctx: Context
+    budget_bytes: int = 256 << 20
+    entries: list[Snapshot] = field(default_factory=list)
+    clock: int = 0
+
+    def prefix_len(self, tokens: list[int]) -> int:
+        """The longest exact prefix of `tokens` held by the live cache or any snapshot."""
+        best = common_prefix(self.ctx.tokens, tokens)
+        for e in self.entries:
+            best = max(best, common_prefix(e.tokens, tokens))
+        return best
+
+    def prepare(self, tokens: list[int]) -> CacheUse:
+        """Leave in the context the cached state that shares the longest prefix with `tokens`
+        (saving the live one first when it would be lost); the caller then evaluates the rest."""
+        use = CacheUse()
+        live = common_prefix(self.ctx.tokens, tokens)
+        best, best_n = None, live
+        for e in self.entries:
+            n = common_prefix(e.tokens, tokens)
+            if n > best_n:
+                best, best_n = e, n
+        if best is not None and best_n < live + GAIN_MIN:
+            best = None
+        if len(self.ctx.tokens) - (best_n if best else live) >= KEEP_MIN:
+            use.saved += self.save()
+        if best is not None:
+            self.clock += 1
+            best.used = self.clock
+            use.restored = self.ctx.restore(best.state, best.tokens)
+        use.reused = common_prefix(self.ctx.tokens, tokens)
+        use.entries, use.bytes = len(self.entries), self.size()
+        return use
+
+    def save(self) -> int:
+        """Snapshot the live sequence (unless a snapshot already covers it); 1 if one was taken."""
+        toks = self.ctx.tokens
+        if not toks or any(common_prefix(e.tokens, toks) == len(toks) for e in self.entries):
+            return 0
+        state = self.ctx.snapshot()
+        if len(state) > self.budget_bytes:
+            return 0
+        self.entries = [e for e in self.entries if common_prefix(e.tokens, toks) < len(e.tokens)]
+        self.clock += 1
+        self.entries.append(Snapshot(list(toks), state, self.clock))
+        while self.size() > self.budget_bytes:
+            self.entries.remove(min(self.entries, key=lambda e: e.used))
+        return 1
+
+    def size(self) -> int:
+        return sum(len(e.state) for e in self.entries)
+
+    def clear(self) -> None:
+        self.entries.clear()
