@@ -29,6 +29,8 @@ from .text import TextStream
 from .threads import ThreadGovernor
 
 NO_DRAFT = Draft()
+BACKGROUND_STEP = 64  # tokens per pass of a prompt evaluation that may be interrupted: 0.4 s here, 3% slower than 512
+CANCEL_STEP = 256  # a request's own prompt: a hang-up or a newer request from its editor ends it within a pass
 
 
 def speculative_decode(target: Context, drafter, policy, seq: list[int], cfg: GenConfig,
@@ -209,7 +211,7 @@ class Engine:
         decode_before = tgt.decode_s + self._draft_decode_s()
 
         t0 = time.perf_counter()
-        self._fill(seq[:-1], stats, cancel)  # reuses the cached prefix of a conversation (or a saved prompt)
+        self._fill(seq[:-1], stats, cancel, step=CANCEL_STEP)  # reuses the cached prefix of a conversation (or a saved prompt)
         stats.prompt_eval_s = time.perf_counter() - t0
         if len(tgt.tokens) < len(seq) - 1:  # cancelled during the prompt
             stats.stop_reason = "cancelled"
@@ -279,12 +281,12 @@ class Engine:
         stats.prompt_eval_s = time.perf_counter() - t0
         return stats
 
-    def _fill(self, tokens: list[int], stats: Stats, should_stop=None) -> None:
+    def _fill(self, tokens: list[int], stats: Stats, should_stop=None, step: int = BACKGROUND_STEP) -> None:
         """Bring the target's cache to `tokens`, from the best cached prompt when there is a cache."""
         if self.prompt_cache is not None:
             use = self.prompt_cache.prepare(tokens)
             stats.cache_restored, stats.cache_entries = use.restored, use.entries
-        stats.prompt_eval_tokens = self.target.sync(tokens, should_stop)
+        stats.prompt_eval_tokens = self.target.sync(tokens, should_stop, step=step)
 
     def _draft_decode_s(self) -> float:
         return self.draft_ctx.decode_s if self.draft_ctx is not None else 0.0

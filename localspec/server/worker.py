@@ -32,6 +32,8 @@ from .protocol import ApiError, Extras, log_unexpected, resolve_logit_bias
 
 Emit = Callable[[tuple], None]
 MAX_WAITING = 64  # queued requests beyond this are refused (503) instead of held in memory without bound
+IDLE_WARMUP_S = 0.5  # quiet time before an interrupted warm-up goes on
+IDLE_MEASURE_S = 2.0  # quiet time before pass costs are measured at a new depth
 CUT_SHORT = "the server is shutting down; the answer was cut short"
 
 
@@ -117,9 +119,13 @@ class ServerSession:
     def _run(self) -> None:
         while True:
             try:
-                job = self.jobs.get(timeout=0 if self.idle_prompt else None)
+                job = self.jobs.get(timeout=self._idle_after())
             except TimeoutError:
-                self._finish_warmup()
+                if self.idle_prompt:
+                    self._finish_warmup()
+                else:
+                    self.measure_pending = False
+                    self._measure_depth()
                 continue
             if job is None:
                 return
@@ -130,13 +136,21 @@ class ServerSession:
             self.metrics.processing = 1
             try:
                 self._serve(job)
-                if self.jobs.empty():
-                    self._measure_depth()
+                self.measure_pending = True
             except Exception as e:  # never let one job's failure end the only generation thread
                 log_unexpected("the generation thread", e)
             finally:
                 self.metrics.processing = 0
                 self._current = self.jobs.running = None
+
+    measure_pending = False  # a job ran since the last idle-time measurement
+
+    def _idle_after(self) -> float | None:
+        """How long the queue stays empty before idle work starts: editors send the next request within
+        ~0.1 s of an answer, and a step of background work already begun delays it."""
+        if self.idle_prompt:
+            return IDLE_WARMUP_S
+        return IDLE_MEASURE_S if self.measure_pending else None
 
     def _finish_warmup(self) -> None:
         """Idle: go on evaluating the warm-up a request interrupted, giving way again to any job."""
