@@ -208,11 +208,24 @@ class Context:
         self.threads_batch = cp.n_threads_batch  # for long passes (prompt evaluation)
         self._batch_now = cp.n_threads_batch  # what llama.cpp uses for passes over more than one token now
 
+    VERIFY_SHAPES = (1, 2, 4, 8, 16)
+    pad_verify = False  # pad "all"-logits passes to VERIFY_SHAPES (LoadConfig.verify_buckets)
+
     def eval(self, tokens: list[int], logits: str = "last") -> np.ndarray | None:
         """Append `tokens` to the sequence. logits: "none" | "last" | "all" (rows for `tokens`).
-        Returns a (rows, n_vocab) float32 array (a copy) or None."""
+        Returns a (rows, n_vocab) float32 array (a copy) or None. With `pad_verify`, an "all" pass is
+        padded with copies of its last token up to the next shape (the padding stays in the cache,
+        past the confirmed text, until the caller truncates it, as it does every draft)."""
         if not tokens:
             return None
+        if self.pad_verify and logits == "all" and len(tokens) < self.n_batch:
+            size = next((s for s in self.VERIFY_SHAPES if s >= len(tokens)), len(tokens))
+            if len(self.tokens) + size <= self.n_ctx and size > len(tokens):
+                out = self._eval([*tokens, *[tokens[-1]] * (size - len(tokens))], logits)
+                return out[:len(tokens)]
+        return self._eval(tokens, logits)
+
+    def _eval(self, tokens: list[int], logits: str) -> np.ndarray | None:
         if len(self.tokens) + len(tokens) > self.n_ctx:
             raise ContextFullError(f"context full ({self.n_ctx} tokens); start a new conversation or raise --ctx-size")
         L, b = self.L, self.batch

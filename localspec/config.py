@@ -65,4 +65,9 @@ class LoadConfig:
     # loading as fast as plain mmap. False: read() the file into memory (--no-mmap).
     mmap: bool = True
     rpc_servers: str | None = None  # "host:port,host:port": llama.cpp RPC backends for the target
+    # Verify passes padded to a few shapes (1, 2, 4, 8, 16 tokens): on a GPU, llama.cpp replays a CUDA graph
+    # only after two passes of identical shape, so a verify whose k changes every round is captured anew
+    # each time. None = on when the target is offloaded to a GPU, off on a CPU (where a padded token costs
+    # what a real one does: 3 tokens 2.4x a decode, 4 tokens 3.2x here).
+    verify_buckets: bool | None = None
     chat_template: str | None = None  # override the template stored in the GGUF

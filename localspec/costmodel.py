@@ -217,6 +217,34 @@ def _timed_singles(ctx, tokens: list[int]) -> list[float]:
     return out
 
 
+def steady_verify(ctx, n_max: int, runs: int = 5) -> list[float]:
+    """T(n), n = 1..n_max, with each shape repeated `runs` times in a row before the next, as
+    llama-bench times it (`-p 1,2,4,...,n -n 0`): the backend's own curve, against which the
+    interleaved costs generation sees (`measure_costs`) are judged. Every pass is rolled back."""
+    base = len(ctx.tokens)
+    toks = ctx.tokens[-n_max:] if base >= n_max else [0] * n_max
+    out = []
+    for n in range(1, n_max + 1):
+        times = [_timed_pass(ctx, toks[:n]) for _ in range(runs + 1)][1:]  # the first pass of a shape warms up
+        out.append(statistics.median(times))
+    ctx.truncate(base)
+    return out
+
+
+SHAPE_PENALTY = 1.25  # interleaved verify passes this much dearer than repeated ones: worth a warning
+
+
+def shape_penalty(t_verify: list[float], steady: list[float]) -> tuple[int, float] | None:
+    """The pass size n where generation's verify cost (relative to its decode) is furthest above the
+    backend's steady curve, and by how much; None when within SHAPE_PENALTY everywhere."""
+    worst = None
+    for n in range(2, min(len(t_verify), len(steady)) + 1):
+        ratio = (t_verify[n - 1] / t_verify[0]) / (steady[n - 1] / steady[0])
+        if ratio > SHAPE_PENALTY and (worst is None or ratio > worst[1]):
+            worst = (n, ratio)
+    return worst
+
+
 DEPTH_BUCKETS = (512, 1024, 2048, 4096, 8192, 16384)  # depths measured on top of the base profile's
 
 

@@ -184,6 +184,27 @@ def advice(report: dict[str, Any]) -> list[str]:
                    f"{free / 1e9:.2f} GB free; set LOCALSPEC_HOME to a bigger disk")
     if pair.get("error"):
         out.append(pair["error"])
+    out += [f"profile {p['name']}: {p['warning']}" for p in report.get("profiles", [])]
+    return out
+
+
+def profile_shape_checks() -> list[dict[str, str]]:
+    """Stored cost profiles (measured by `localspec tune`) whose verify passes cost much more than the
+    backend's own repeated-shape curve on the same device."""
+    from .bench.report import cost_warnings
+    from .costmodel import CostProfile
+
+    out = []
+    for path in sorted(paths.profiles_dir().glob("*.json")) if paths.profiles_dir().exists() else []:
+        try:
+            prof = CostProfile.load(path)
+        except ValueError:
+            continue
+        steady = (prof.extra or {}).get("steady_verify") if prof else None
+        if isinstance(steady, list) and steady and all(isinstance(x, (int, float)) and x > 0 for x in steady):
+            for w in cost_warnings(prof, steady=steady):
+                if w.startswith("verifying"):
+                    out.append({"name": path.stem, "warning": w})
     return out
 
 
@@ -200,6 +221,7 @@ def collect() -> dict[str, Any]:
         "llama_cpp": llama_build_info(),
         "gpu_hardware": visible_gpu_hardware(),
         "default_pair": default_pair_state(),
+        "profiles": profile_shape_checks(),
         "reinstall": dict(REINSTALL_COMMANDS),
     }
     report["advice"] = advice(report)

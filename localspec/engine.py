@@ -110,6 +110,7 @@ class Engine:
         self.draft_ctx: Context | None = None
         self._draft_lock = threading.Lock()
         self.target = Context(self.target_model, load.n_ctx, load.n_batch, load.n_threads, load.n_threads_batch)
+        self.target.pad_verify = self.pads_verify(load)
         self.governor = None
         if load.adapt_threads and load.n_threads > 1:
             self.governor = ThreadGovernor(load.n_threads, self._expected_pass_s, self._set_threads)
@@ -123,6 +124,14 @@ class Engine:
         self.remember_generations = False
         self.prompt_cache = None  # promptcache.PromptCache: several saved prompts (the server's, for editors)
         self.last_stats: Stats | None = None
+
+    @staticmethod
+    def pads_verify(load: LoadConfig) -> bool:
+        """Constant verify shapes: asked for, or (by default) when the target runs on a GPU."""
+        if load.verify_buckets is not None:
+            return load.verify_buckets
+        from .backend import system_info
+        return load.n_gpu_layers_target != 0 and system_info()["gpu_offload"] and not load.rpc_servers
 
     def _expected_pass_s(self, n_tokens: int) -> float | None:
         """What a target pass over n tokens should cost on a quiet machine (the measured profile)."""
@@ -211,18 +220,14 @@ class Engine:
         decode_before = tgt.decode_s + self._draft_decode_s()
 
         t0 = time.perf_counter()
-        self._fill(seq[:-1], stats, cancel, step=CANCEL_STEP)  # reuses the cached prefix of a conversation (or a saved prompt)
-        stats.prompt_eval_s = time.perf_counter() - t0
-        if len(tgt.tokens) < len(seq) - 1:  # cancelled during the prompt
-            stats.stop_reason = "cancelled"
+        if not self._fill(seq[:-1], stats, cancel, step=CANCEL_STEP):  # reuses a conversation's (or a saved) prefix
+            stats.stop_reason = "cancelled"  # during the prompt
             return
         if drafter:
             drafter.begin(seq)
 
-        heal = cfg.heal if not cfg.grammar else ""  # healing is itself a grammar: not combined with another
+        grammar, heal = self._constraint(cfg)
         text = TextStream(cfg.stop, skip=heal)
-        gbnf = cfg.grammar or (starts_with_grammar(heal) if heal else None)
-        grammar = self.grammar(gbnf) if gbnf else None
         loop = speculative_decode(tgt, drafter, policy, seq, cfg, stats, rng, grammar)
         t_gen = time.perf_counter()
         try:
@@ -260,6 +265,13 @@ class Engine:
         if tail:
             yield Chunk(tail)
 
+    def _constraint(self, cfg: GenConfig) -> tuple[GrammarConstraint | None, str]:
+        """The request's grammar, or the one token healing needs (the output starts with the healed
+        text, which is then not shown); healing is itself a grammar, so it is not combined with another."""
+        heal = cfg.heal if not cfg.grammar else ""
+        gbnf = cfg.grammar or (starts_with_grammar(heal) if heal else None)
+        return (self.grammar(gbnf) if gbnf else None), heal
+
     def grammar(self, gbnf: str) -> GrammarConstraint:
         """A GBNF grammar over the target's vocabulary, ready to constrain a generation (ConfigError when
         it does not parse)."""
@@ -274,19 +286,20 @@ class Engine:
         it then ends early (stop_reason "cancelled", what was evaluated kept) when that says so."""
         self.check_prompt(prompt)
         stats = self.last_stats = Stats(prompt_tokens=len(prompt), spec_mode="off", stop_reason="length")
-        t0 = time.perf_counter()
-        self._fill(prompt[:-1], stats, should_stop)
-        if len(self.target.tokens) < len(prompt) - 1:
+        if not self._fill(prompt[:-1], stats, should_stop):
             stats.stop_reason = "cancelled"
-        stats.prompt_eval_s = time.perf_counter() - t0
         return stats
 
-    def _fill(self, tokens: list[int], stats: Stats, should_stop=None, step: int = BACKGROUND_STEP) -> None:
-        """Bring the target's cache to `tokens`, from the best cached prompt when there is a cache."""
+    def _fill(self, tokens: list[int], stats: Stats, should_stop=None, step: int = BACKGROUND_STEP) -> bool:
+        """Bring the target's cache to `tokens`, from the best cached prompt when there is a cache;
+        False when `should_stop` ended it first."""
+        t0 = time.perf_counter()
         if self.prompt_cache is not None:
             use = self.prompt_cache.prepare(tokens)
             stats.cache_restored, stats.cache_entries = use.restored, use.entries
         stats.prompt_eval_tokens = self.target.sync(tokens, should_stop, step=step)
+        stats.prompt_eval_s = time.perf_counter() - t0
+        return len(self.target.tokens) == len(tokens)
 
     def _draft_decode_s(self) -> float:
         return self.draft_ctx.decode_s if self.draft_ctx is not None else 0.0

@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 
 from . import paths
-from .costmodel import CostProfile, measure_costs
+from .costmodel import CostProfile, measure_costs, steady_verify
 
 
 def _file_id(path) -> str:
@@ -70,6 +70,7 @@ def tune(engine, n_max: int = 12, repeats: int = 3, warmup: int = 1, quick: bool
         prof.extra["quick"] = True
     else:
         prof = measure_costs(engine, n_max=n_max, repeats=repeats, warmup=warmup)
+        prof.extra["steady_verify"] = steady_verify(engine.target, n_max)  # for doctor's shape check
     prof.key = key
     try:
         prof.save(profile_path(key))

@@ -29,10 +29,10 @@ import urllib.request
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+import llamacpp_tools  # noqa: E402
 from clients import Recorder, start_proxy  # noqa: E402
-from serverproc import ROOT, ServerProcess, free_port  # noqa: E402
+from serverproc import ServerProcess, free_port  # noqa: E402
 
-CACHE = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "localspec"
 TIMEOUT_S = 90.0
 CHAR_S = 0.12  # typing pace
 # (what happens, keys: ("k", tmux key names...) pressed together or ("t", text) typed a character at a time, pause after)
@@ -79,30 +79,6 @@ endfunction
 call timer_start(20, 'BenchProbe', {'repeat': -1})
 autocmd CursorMoved,CursorMovedI * call BenchLog(printf('move %%.3f %%d %%d', reltimefloat(reltime()), line('.'), col('.')))
 """
-
-
-def build_llama_server() -> Path:
-    """llama-server from the same llama.cpp that llama-cpp-python bundles (its sdist), cached."""
-    import importlib.metadata
-    version = importlib.metadata.version("llama_cpp_python")
-    out = CACHE / f"llama.cpp-{version}"
-    binary = out / "build" / "bin" / "llama-server"
-    if binary.exists():
-        return binary
-    tmp = Path(tempfile.mkdtemp(prefix="llama-sdist-"))
-    print(f"building llama-server {version} from the sdist (once; several minutes)", file=sys.stderr)
-    subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:",
-                    f"llama-cpp-python=={version}", "-d", str(tmp)], check=True, stdout=subprocess.DEVNULL)
-    subprocess.run(["tar", "xzf", next(tmp.glob("*.tar.gz")), "-C", str(tmp)], check=True)
-    src = next(tmp.glob("llama_cpp_python-*")) / "vendor" / "llama.cpp"
-    shutil.rmtree(out, ignore_errors=True)
-    shutil.copytree(src, out, symlinks=True)
-    subprocess.run(["cmake", "-B", "build", "-DCMAKE_BUILD_TYPE=Release", "-DLLAMA_CURL=OFF", "-DLLAMA_BUILD_TESTS=OFF"],
-                   cwd=out, check=True, stdout=subprocess.DEVNULL)
-    subprocess.run(["cmake", "--build", "build", "--target", "llama-server", "-j", str(os.cpu_count() or 2)],
-                   cwd=out, check=True, stdout=subprocess.DEVNULL)
-    shutil.rmtree(tmp, ignore_errors=True)
-    return binary
 
 
 class LlamaServer:
@@ -200,6 +176,62 @@ def wait_answer(log: Path) -> tuple[float | None, str]:
         time.sleep(0.05)
 
 
+# llama.vscode (src/completion.ts, llama-server.ts at v0.0.63) cannot run headless: its pattern is replayed.
+# Every keystroke asks for a completion (debounce 0, n_cmpl 3; a whitespace-only line sends no prompt and
+# no indentation), never aborted when the next key comes; after a suggestion it asks for the one that
+# follows accepting it (cacheFutureSuggestion).
+VSCODE_SESSION = [(120, "        lines"), (121, "        return"), (300, "        width"), (123, "        chunks")]
+
+
+def vscode_request(prefix: str, suffix: str, prompt: str, n_predict: int = 128) -> dict:
+    return {"id_slot": 0, "input_prefix": prefix, "input_suffix": suffix, "input_extra": [], "prompt": prompt,
+            "n_predict": n_predict, "n_cmpl": 3, "top_k": 40, "top_p": 0.99, "stream": False,
+            "samplers": ["top_k", "top_p", "infill"], "cache_prompt": True, "t_max_prompt_ms": 500,
+            "t_max_predict_ms": 2500}
+
+
+def vscode_replay(url: str) -> list[dict]:
+    import threading
+    lines = (Path(sysconfig.get_paths()["stdlib"]) / "textwrap.py").read_text().split("\n")
+    rows = []
+
+    def post(body: dict, out: dict) -> None:
+        req = urllib.request.Request(url + "/infill", json.dumps(body).encode(), {"Content-Type": "application/json"})
+        try:
+            with urllib.request.urlopen(req, timeout=TIMEOUT_S * 3) as r:
+                out["content"] = json.loads(r.read()).get("content", "")
+        except OSError:
+            out["content"] = None
+        out["t"] = time.monotonic()
+
+    for y, word in VSCODE_SESSION:
+        lines.insert(y, "")
+        prefix = "\n".join(lines[max(0, y - 256):y]) + "\n"
+        suffix = "\n" + "\n".join(lines[y + 1:y + 65]) + "\n"
+        answers = []
+        for i in range(8, len(word) + 1):  # the indentation comes with the new line, then one request a key
+            typed = word[:i]
+            answers.append({})
+            threading.Thread(target=post, args=(vscode_request(prefix, suffix, typed if typed.strip() else ""),
+                                                answers[-1]), daemon=True).start()
+            t_key = time.monotonic()
+            time.sleep(CHAR_S)
+        end = time.monotonic() + TIMEOUT_S
+        while "t" not in answers[-1] and time.monotonic() < end:
+            time.sleep(0.02)
+        last = answers[-1]
+        rows.append({"event": f"line {y}: {word.strip()}", "latency_s": last["t"] - t_key if "t" in last else None})
+        lines[y] = word
+        if last.get("content"):  # the cache-ahead request, as after a shown suggestion
+            first = last["content"].split("\n")[0]
+            threading.Thread(target=post, args=(vscode_request(prefix, suffix, word + first), {}), daemon=True).start()
+        lat = rows[-1]["latency_s"]
+        print(f"  llama.vscode replay: {rows[-1]['event']}: {'no answer' if lat is None else f'{lat:.2f} s'}",
+              file=sys.stderr, flush=True)
+        time.sleep(2.0)
+    return rows
+
+
 def p90(xs: list[float]) -> float:
     xs = sorted(xs)
     return xs[min(len(xs) - 1, int(round(0.9 * (len(xs) - 1))))]
@@ -238,7 +270,7 @@ def main() -> int:
         srv = ServerProcess(["--temperature", "0", *a.serve_args], Path(os.environ.get("LOCALSPEC_HOME") or _home()))
         results.append(run_one("localspec serve", srv.port, a.llama_vim, work, srv.stop))
     if a.only != "localspec":
-        binary = a.llama_server or build_llama_server()
+        binary = a.llama_server or llamacpp_tools.build("llama-server")
         flags = ["-ub", "512", "-b", "512", "--ctx-size", "0", "--cache-reuse", "256"]  # llama.vim's CPU advice
         srv = LlamaServer(binary, target, flags, work / "llama-server.log")
         results.append(run_one("llama-server " + " ".join(flags), srv.port, a.llama_vim, work, srv.stop))
@@ -258,9 +290,12 @@ def run_one(name: str, port: int, llama_vim: Path, work: Path, stop) -> dict:
     url = f"http://127.0.0.1:{start_proxy(rec)}"
     try:
         rows = drive(url, llama_vim, work, name.split()[0])
+        mark = rec.mark()
+        vscode = vscode_replay(url)
     finally:
         stop()
-    return {**describe(name, rows, rec.seen), "requests": rec.seen}
+    return {**describe(name, rows, rec.seen[:mark]), "requests": rec.seen,
+            "vscode": describe(name, vscode, rec.seen[mark:])}
 
 
 def print_table(results: list[dict]) -> None:
@@ -278,6 +313,18 @@ def print_table(results: list[dict]) -> None:
     print("| prompt tokens evaluated per completion (median / max) | "
           + " | ".join(f"{r['prompt_n_median']} / {r['prompt_n_max']}" for r in results) + " |")
     print(f"\n(no answer within {TIMEOUT_S:.0f} s counts as {TIMEOUT_S:.0f} s)")
+    print("\nllama.vscode's pattern, replayed (a request per key, never aborted; cache-ahead after each answer):\n")
+    print("| word typed | " + " | ".join(r["server"] for r in results) + " |")
+    print("|---|" + "---|" * len(results))
+    for i, (y, word) in enumerate(VSCODE_SESSION):
+        cells = []
+        for r in results:
+            ev = r["vscode"]["events"][i]
+            cells.append("no answer" if ev["latency_s"] is None else f"{ev['latency_s']:.2f} s")
+        print(f"| line {y}: {word.strip()} | " + " | ".join(cells) + " |")
+    for key, label in (("median_s", "median"), ("p90_s", "p90")):
+        print(f"| **{label}** | " + " | ".join(f"**{r['vscode'][key]:.2f} s**" for r in results) + " |")
+    print("| requests received | " + " | ".join(str(r["vscode"]["completions"]) for r in results) + " |")
 
 
 if __name__ == "__main__":

@@ -5,7 +5,11 @@ from __future__ import annotations
 import pytest
 
 from localspec import costmodel as predict
+from conftest import THREADS
+
+from localspec.config import LoadConfig
 from localspec.costmodel import CostProfile, best_k, expected_tokens, predicted_speedup
+from localspec.engine import Engine
 
 
 def flat(t_draft: float, n: int = 16, t_decode: float = 1.0) -> CostProfile:
@@ -162,11 +166,7 @@ def test_profile_at_depth_picks_the_nearest_measured_depth():
 
 
 def test_measure_at_depth_leaves_the_cache_as_it_was(tiny):
-    from conftest import THREADS
-
-    from localspec.config import LoadConfig
     from localspec.costmodel import measure_at_depth
-    from localspec.engine import Engine
 
     e = Engine(tiny.target, None, LoadConfig(n_ctx=1024, n_threads=THREADS, n_threads_batch=THREADS))
     toks = e.prompt_tokens("the cache of the model " * 40, raw=True)
@@ -213,3 +213,31 @@ def test_measured_decode_is_the_steady_single_token_pass(monkeypatch):
     assert prof.t_verify[1:] == pytest.approx([2.7, 2.75, 2.8])
     assert prof.t_draft == pytest.approx(0.5)  # the draft's singles run back to back too
     assert target.tokens == draft.tokens == (list(range(20)) * 7)[:128]  # every pass rolled back
+
+
+def test_verify_much_dearer_than_the_backends_own_curve_is_named():
+    from localspec.bench.report import cost_warnings
+    from localspec.costmodel import shape_penalty
+
+    gpu_seen = CostProfile(t_decode=1.0, t_verify=[1.0, 2.66, 2.8, 3.0])  # H100 as generation ran it
+    llama_bench = [1.0, 1.05, 1.10, 1.15]  # the same GPU with each shape repeated
+    n, ratio = shape_penalty(gpu_seen.t_verify, llama_bench)
+    assert n == 4 and ratio > 2.5 or n == 2
+    assert any(w.startswith("verifying") for w in cost_warnings(gpu_seen, steady=llama_bench))
+    cpu = CostProfile(t_decode=1.0, t_verify=[1.0, 1.8, 2.4, 3.2])
+    assert shape_penalty(cpu.t_verify, [1.0, 1.75, 2.5, 3.1]) is None
+    assert cost_warnings(cpu, steady=[1.0, 1.75, 2.5, 3.1]) == []
+
+
+def test_the_steady_curve_is_measured_and_leaves_the_cache(tiny):
+    from localspec.costmodel import steady_verify
+
+    e = Engine(tiny.target, None, LoadConfig(n_ctx=512, n_threads=THREADS, n_threads_batch=THREADS))
+    try:
+        e.target.sync(e.target_model.tokenize("the cache is fast and the model is slow", add_special=True))
+        before = list(e.target.tokens)
+        curve = steady_verify(e.target, 4, runs=2)
+        assert len(curve) == 4 and all(t > 0 for t in curve)
+        assert e.target.tokens == before
+    finally:
+        e.close()

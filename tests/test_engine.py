@@ -122,6 +122,26 @@ def test_speculative_greedy_parts_from_plain_only_at_near_ties(perturbed, bad):
             assert report["noise"] < 0.1  # tiny F16 model: rounding-level noise only
 
 
+def test_padded_verify_shapes_keep_the_output_exact(perturbed):
+    """Constant verify shapes (a GPU's default): the padding is cache past the confirmed text, rolled
+    back with the rejected drafts; the output is the target's as without it."""
+    e = perturbed
+    assert not e.target.pad_verify  # a CPU build pads nothing by default
+    observer = e.target.observer
+    try:
+        e.target.pad_verify = True
+        for drafter in ("model", "ngram"):
+            report = verify_exactness(e, [e.prompt_tokens(p) for p in PROMPTS], greedy(drafter=drafter))
+            assert report["verdict"] == "OK", report
+        sizes = []
+        e.target.observer = lambda n, dt: sizes.append(n)
+        run(e, e.prompt_tokens(PROMPTS[1]), greedy(max_tokens=24, draft_max=3))
+        assert set(sizes[1:]) <= set(e.target.VERIFY_SHAPES)  # after the prompt, only the fixed shapes
+    finally:
+        e.target.pad_verify = False
+        e.target.observer = observer
+
+
 def test_kv_rollback_matches_fresh_evaluation(perturbed, tiny):
     e = perturbed
     prompt = e.prompt_tokens(PROMPTS[1])

@@ -10,7 +10,7 @@ import os
 import platform
 from pathlib import Path
 
-from ..costmodel import CostProfile, best_k, implausible_pass
+from ..costmodel import CostProfile, best_k, implausible_pass, shape_penalty
 
 ALPHAS = (0.5, 0.6, 0.7, 0.8, 0.9, 0.95)
 
@@ -86,16 +86,27 @@ def costs_dict(c: CostProfile) -> dict:
     }
 
 
-def cost_warnings(c: CostProfile, what: str = "pass costs") -> list[str]:
+def cost_warnings(c: CostProfile, what: str = "pass costs", steady: list[float] | None = None) -> list[str]:
     """Signs that the costs were measured on a busy machine: a pass over n tokens cannot be much
-    cheaper than a pass over fewer (the weights are read once either way)."""
+    cheaper than a pass over fewer (the weights are read once either way). With `steady` (the
+    backend's own curve, costmodel.steady_verify): verification much dearer than that curve."""
+    out = []
+    worse = shape_penalty(c.t_verify, steady) if steady else None
+    if worse is not None:
+        n, ratio = worse
+        out.append(f"verifying {n} tokens costs {c.t_verify[n - 1] / c.t_verify[0]:.2f}x a decode as generation runs it, "
+                   f"but {steady[n - 1] / steady[0]:.2f}x when passes of that size repeat (the backend's own curve, "
+                   f"as llama-bench measures it): {ratio:.2f}x dearer. Speculation pays only when verifying k tokens "
+                   "costs little more than one, so every draft loses here; on CUDA, passes that change shape are "
+                   "captured as new graphs each time (constant verify shapes are the default on a GPU; "
+                   "GGML_CUDA_DISABLE_GRAPHS=1 shows the difference)")
     bad = implausible_pass(c.t_verify)
     if bad is None:
-        return []
+        return out
     (n, m), tv = bad, c.t_verify
-    return [f"{what} look disturbed: T_verify({n}) = {1000 * tv[n - 1]:.2f} ms is below T_verify({m}) = "
-            f"{1000 * tv[m - 1]:.2f} ms; the machine was probably busy while measuring, so predictions "
-            "(and --spec auto) may be off: rerun when it is quiet"]
+    return out + [f"{what} look disturbed: T_verify({n}) = {1000 * tv[n - 1]:.2f} ms is below T_verify({m}) = "
+                  f"{1000 * tv[m - 1]:.2f} ms; the machine was probably busy while measuring, so predictions "
+                  "(and --spec auto) may be off: rerun when it is quiet"]
 
 
 def break_even(c: CostProfile, k_max: int = 8) -> list[dict]:

@@ -149,7 +149,7 @@ def _engine(args, sel):
 def _cmd_costs(args, sel) -> int:
     from ..bench.document import pair_info
     from ..bench.report import break_even, cost_warnings, costs_dict, costs_lines
-    from ..costmodel import measure_costs
+    from ..costmodel import measure_costs, steady_verify
     from ..tuning import profile_path, tune
 
     engine = _engine(args, sel)
@@ -162,20 +162,24 @@ def _cmd_costs(args, sel) -> int:
             saved = profile_path(costs.key)
         else:
             costs = measure_costs(engine, n_max=COST_N_MAX, repeats=args.cost_repeats)
+        steady = steady_verify(engine.target, COST_N_MAX)  # the backend's own curve, as llama-bench times it
         threads = engine.load.n_threads
     finally:
         engine.close()
-    warnings = cost_warnings(costs)
+    warnings = cost_warnings(costs, steady=steady)
     for wmsg in warnings:
         sys.stderr.write(f"warning: {wmsg}\n")
     if args.json:
         doc = {"pair": pair_info(sel), "threads": threads, "costs": costs_dict(costs),
+               "steady_verify": steady, "steady_verify_ratio": [t / steady[0] for t in steady],
                "break_even": break_even(costs), "saved_to": str(saved) if saved else None, "warnings": warnings}
         print(json.dumps(doc, indent=2))
     else:
         head = (f"pass costs: target {Path(sel.target).name}" + (f", draft {Path(sel.draft).name}" if sel.draft else "")
                 + f", {threads} threads (median of {args.cost_repeats} passes each)")
         print("\n".join(costs_lines(costs, head)))
+        print("the backend's own curve (each size repeated, as llama-bench times it): "
+              + "  ".join(f"{n + 1}: {t / steady[0]:.2f}x" for n, t in enumerate(steady)))
         if saved:
             print(f"\nsaved as this machine's profile for --spec auto: {saved}")
     return 0

@@ -1,0 +1,45 @@
+"""llama.cpp's own programs (llama-server, llama-bench), built from the llama-cpp-python sdist of the
+version this project installs, once per version and backend, into ~/.cache/localspec (never into the
+repository): the comparisons in scripts/editor-bench and scripts/gpu-check run llama.cpp's code of the
+very version localspec runs on."""
+
+from __future__ import annotations
+
+import importlib.metadata
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+CACHE = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "localspec"
+BACKEND_FLAGS = {"cpu": [], "cuda": ["-DGGML_CUDA=ON"], "vulkan": ["-DGGML_VULKAN=ON"], "metal": ["-DGGML_METAL=ON"]}
+
+
+def sdist_version() -> str:
+    return importlib.metadata.version("llama_cpp_python")
+
+
+def build(target: str, backend: str = "cpu") -> Path:
+    """The path of llama.cpp's `target` program (llama-server, llama-bench) for `backend`, built if needed."""
+    version = sdist_version()
+    out = CACHE / f"llama.cpp-{version}" if backend == "cpu" else CACHE / f"llama.cpp-{version}-{backend}"
+    binary = out / "build" / "bin" / target
+    if binary.exists():
+        return binary
+    if not (out / "CMakeLists.txt").exists():
+        tmp = Path(tempfile.mkdtemp(prefix="llama-sdist-"))
+        print(f"fetching llama-cpp-python {version}'s sdist for llama.cpp's sources", file=sys.stderr)
+        subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:",
+                        f"llama-cpp-python=={version}", "-d", str(tmp)], check=True, stdout=subprocess.DEVNULL)
+        subprocess.run(["tar", "xzf", str(next(tmp.glob("*.tar.gz"))), "-C", str(tmp)], check=True)
+        shutil.rmtree(out, ignore_errors=True)
+        shutil.copytree(next(tmp.glob("llama_cpp_python-*")) / "vendor" / "llama.cpp", out, symlinks=True)
+        shutil.rmtree(tmp, ignore_errors=True)
+    print(f"building {target} ({backend}) once; several minutes", file=sys.stderr)
+    subprocess.run(["cmake", "-B", "build", "-DCMAKE_BUILD_TYPE=Release", "-DLLAMA_CURL=OFF", "-DLLAMA_BUILD_TESTS=OFF",
+                    *BACKEND_FLAGS[backend]], cwd=out, check=True, stdout=subprocess.DEVNULL)
+    subprocess.run(["cmake", "--build", "build", "--target", target, "-j", str(os.cpu_count() or 2)],
+                   cwd=out, check=True, stdout=subprocess.DEVNULL)
+    return binary
