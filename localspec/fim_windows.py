@@ -38,7 +38,7 @@ KEEP_HEADS = 3
 @dataclass
 class FimBudget:
     prefix: int = 0  # tokens before the anchor; 0 = sized by the measured prompt speed
-    suffix: int = 96
+    suffix: int = 160
     middle: int = 256  # tokens between the anchor and the cursor before the anchor moves
     extra: int = 1024
 

@@ -315,7 +315,9 @@ class ChatApp(App):
         self._cancel.clear()
         self._gen_done.clear()
         self.refresh_status()
-        self._generate(turn, messages, self.cfg.with_(stop=list(self.cfg.stop)))
+        # decoding starts once the new views are laid out and painted, so that fixed work does not take
+        # CPU from the reply's first rounds (on 2 cores it showed as a few % of a short reply's tok/s)
+        self.call_after_refresh(self._generate, turn, messages, self.cfg.with_(stop=list(self.cfg.stop)))
 
     async def _fit_context(self) -> None:
         """Slide the oldest turns out of the model's view when the next reply would not fit."""
