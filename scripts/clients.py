@@ -115,6 +115,8 @@ def answer_summary(body: bytes) -> dict:
         obj = json.loads(body)
     except ValueError:
         return {}
+    if isinstance(obj, list) and obj:  # llama-server's answer to n_cmpl > 1: one object per completion
+        obj = obj[0]
     if not isinstance(obj, dict):
         return {}
     t = obj.get("timings") or {}

@@ -199,8 +199,11 @@ def vscode_replay(url: str) -> list[dict]:
         req = urllib.request.Request(url + "/infill", json.dumps(body).encode(), {"Content-Type": "application/json"})
         try:
             with urllib.request.urlopen(req, timeout=TIMEOUT_S * 3) as r:
-                out["content"] = json.loads(r.read()).get("content", "")
-        except OSError:
+                answer = json.loads(r.read())
+            if isinstance(answer, list):  # llama-server answers n_cmpl > 1 with a list of completions
+                answer = answer[0] if answer else {}
+            out["content"] = answer.get("content", "")
+        except (OSError, ValueError, AttributeError):
             out["content"] = None
         out["t"] = time.monotonic()
 
