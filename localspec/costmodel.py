@@ -190,11 +190,11 @@ def measure_costs(engine, n_max: int = 8, repeats: int = 5, warmup: int = 2, att
 SINGLES = 4  # single-token passes timed in a row (plain decoding; a drafting round of k = 4)
 
 
-def _timed_pass(ctx, tokens: list[int]) -> float:
+def _timed_pass(ctx, tokens: list[int], logits: str = "all") -> float:
     """Seconds for one pass over `tokens` (all logits read back, as verification does), rolled back."""
     base = len(ctx.tokens)
     t0 = time.perf_counter()
-    ctx.eval(tokens, logits="all")
+    ctx.eval(tokens, logits=logits)
     dt = time.perf_counter() - t0
     ctx.truncate(base)
     return dt
@@ -217,7 +217,7 @@ def _timed_singles(ctx, tokens: list[int]) -> list[float]:
     return out
 
 
-def steady_verify(ctx, n_max: int, runs: int = 5) -> list[float]:
+def steady_verify(ctx, n_max: int, runs: int = 5, logits: str = "all") -> list[float]:
     """T(n), n = 1..n_max, with each shape repeated `runs` times in a row before the next, as
     llama-bench times it (`-p 1,2,4,...,n -n 0`): the backend's own curve, against which the
     interleaved costs generation sees (`measure_costs`) are judged. Every pass is rolled back."""
@@ -225,7 +225,7 @@ def steady_verify(ctx, n_max: int, runs: int = 5) -> list[float]:
     toks = ctx.tokens[-n_max:] if base >= n_max else [0] * n_max
     out = []
     for n in range(1, n_max + 1):
-        times = [_timed_pass(ctx, toks[:n]) for _ in range(runs + 1)][1:]  # the first pass of a shape warms up
+        times = [_timed_pass(ctx, toks[:n], logits) for _ in range(runs + 1)][1:]  # the first of a shape warms up
         out.append(statistics.median(times))
     ctx.truncate(base)
     return out
