@@ -435,13 +435,16 @@ CLIENTS = {
 }
 
 
+NOT_SENT = ("method", "path", "t_start", "t_end", "status", "response")  # what the proxy adds about the answer
+
+
 def sent_summary(sent: list[dict]) -> str:
     """The distinct requests a client made, each once: path and the fields that matter to the contract."""
     kinds = []
     for x in sent:
         if x["method"] != "POST":
             continue
-        fields = ", ".join(f"{k}={json.dumps(v, ensure_ascii=False)}" for k, v in x.items() if k not in ("method", "path"))
+        fields = ", ".join(f"{k}={json.dumps(v, ensure_ascii=False)}" for k, v in x.items() if k not in NOT_SENT)
         item = f"{x['path']} {fields}".strip()
         if item not in kinds:
             kinds.append(item)
