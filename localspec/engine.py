@@ -15,7 +15,7 @@ from typing import Callable, Iterator
 
 import numpy as np
 
-from .backend import Context, GrammarSampler, Model
+from .backend import Context, GrammarSampler, Model, system_info
 from .chat_format import render_prompt
 from .compat import require_compatible
 from .constraints import GrammarConstraint, starts_with_grammar
@@ -130,7 +130,6 @@ class Engine:
         """Constant verify shapes: asked for, or (by default) when the target runs on a GPU."""
         if load.verify_buckets is not None:
             return load.verify_buckets
-        from .backend import system_info
         return load.n_gpu_layers_target != 0 and system_info()["gpu_offload"] and not load.rpc_servers
 
     def _expected_pass_s(self, n_tokens: int) -> float | None:

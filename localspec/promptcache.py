@@ -23,7 +23,7 @@ GAIN_MIN = 16  # restore only when it saves at least this many tokens of evaluat
 @dataclass
 class Snapshot:
     tokens: list[int]
-    state: bytes
+    state: object  # the ctypes byte array Context.snapshot returned
     used: int = 0
 
 
@@ -31,10 +31,7 @@ class Snapshot:
 class CacheUse:
     """What the cache did for one prompt (reported in a reply's timings)."""
     restored: bool = False
-    reused: int = 0  # prompt tokens not evaluated again
-    saved: int = 0  # snapshots taken
-    entries: int = 0
-    bytes: int = 0
+    entries: int = 0  # snapshots held afterwards
 
 
 @dataclass
@@ -64,13 +61,12 @@ class PromptCache:
         if best is not None and best_n < live + GAIN_MIN:
             best = None
         if len(self.ctx.tokens) - (best_n if best else live) >= KEEP_MIN:
-            use.saved += self.save()
+            self.save()
         if best is not None:
             self.clock += 1
             best.used = self.clock
             use.restored = self.ctx.restore(best.state, best.tokens)
-        use.reused = common_prefix(self.ctx.tokens, tokens)
-        use.entries, use.bytes = len(self.entries), self.size()
+        use.entries = len(self.entries)
         return use
 
     def save(self) -> int:
@@ -90,6 +86,3 @@ class PromptCache:
 
     def size(self) -> int:
         return sum(len(e.state) for e in self.entries)
-
-    def clear(self) -> None:
-        self.entries.clear()
