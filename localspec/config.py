@@ -29,7 +29,8 @@ class GenConfig:
     spec: str = "auto"  # "on" | "off" | "auto" (auto drafts only when the cost model says it pays)
     drafter: str = "hybrid"  # "model" | "ngram" | "hybrid"
     draft_max: int = 4  # k: the most tokens drafted per round (auto may choose fewer, down to 0)
-    ngram_draft_max: int = 8  # n-gram drafts cost nothing to make, so auto may verify longer ones (-k sets both)
+    ngram_draft_max: int = 64  # n-gram drafts cost nothing to make, so auto may verify long ones (-k sets both)
+    prediction: str = ""  # the expected output (OpenAI's predicted outputs): an n-gram draft source aligned with the answer
     draft_min: int = 0  # llama-server's speculative.n_min: shorter drafts are not verified (0 = any length)
     p_min: float = 0.0  # stop drafting when the draft model's top probability falls below this
     ngram_min: int = 2  # shortest suffix match the n-gram drafter trusts

@@ -60,11 +60,14 @@ class CostProfile:
         return replace(self, t_decode=tv[0], t_verify=list(tv), depth=best, by_depth={})
 
     def verify(self, n: int) -> float:
-        """Cost of a target pass over n tokens; beyond the measured range, extrapolate linearly."""
-        if n <= len(self.t_verify):
-            return self.t_verify[n - 1]
-        a, b = self.t_verify[-2], self.t_verify[-1]
-        return b + (n - len(self.t_verify)) * (b - a)
+        """Cost of a target pass over n tokens. Beyond the measured range, each further token costs what
+        the measured tokens after the first cost on average: never cheaper than measured (per-token
+        costs fall with the batch on a CPU, so this overprices long passes rather than underprice them)."""
+        tv = self.t_verify
+        if n <= len(tv):
+            return tv[n - 1]
+        slope = (tv[-1] - tv[0]) / (len(tv) - 1) if len(tv) > 1 else tv[0]
+        return tv[-1] + (n - len(tv)) * slope
 
     def round_cost(self, source: str, k: int) -> float:
         draft = 0.0 if k == 0 else k * (self.t_draft or 0.0) if source == "model" else self.t_ngram
@@ -144,47 +147,89 @@ def best_k(alpha: float | list[float], k_max: int, costs: CostProfile, source: s
     return best, best_rate * costs.t_decode
 
 
-def measure_costs(engine, n_max: int = 8, repeats: int = 5, warmup: int = 2, attempts: int = 3, depth: int = 128,
-                  load_draft: bool = True) -> CostProfile:
-    """Time T_decode, T_verify(n) for n = 1..n_max and T_draft on the loaded pair (a few seconds).
+# Pass sizes measured: every size up to 6 (where drafts usually live), then ever sparser up to 64
+# (long n-gram drafts of copied text); the sizes between are interpolated. On a CPU long passes are
+# the cheapest per token (16 tokens cost 7.1 decodes here, 0.44 each, where 8 cost 6.1), so a profile
+# that stops at 9 and extrapolates prices every long draft wrong.
+CURVE_SIZES = (1, 2, 3, 4, 5, 6, 8, 12, 16, 24, 32, 48, 64)
+QUICK_SIZES = (1, 2, 4, 8, 16)  # auto's first run (~3 s here); longer passes priced pessimistically until measured
 
-    The pass sizes are interleaved (1, 2, ..., n_max, 1, 2, ...) so a burst of load from another
+
+def densify(sizes: list[int], times: list[float]) -> list[float]:
+    """T(n) for n = 1..max(sizes), linear between measured sizes (which stay exactly as measured)."""
+    out = []
+    for n in range(1, sizes[-1] + 1):
+        j = next(i for i, s in enumerate(sizes) if s >= n)
+        if sizes[j] == n or j == 0:
+            out.append(times[j])
+        else:
+            a, b = sizes[j - 1], sizes[j]
+            out.append(times[j - 1] + (times[j] - times[j - 1]) * (n - a) / (b - a))
+    return out
+
+
+def measure_costs(engine, n_max: int | None = None, repeats: int = 5, warmup: int = 2, attempts: int = 3,
+                  depth: int = 128, load_draft: bool = True, sizes: tuple[int, ...] = CURVE_SIZES) -> CostProfile:
+    """Time T_decode, T_verify(n) for the pass sizes in `sizes` (up to n_max) and T_draft on the loaded pair.
+
+    The pass sizes are interleaved (1, 2, ..., 64, 1, 2, ...) so a burst of load from another
     process hits all of them alike, and each figure is a median over `repeats`. Every pass runs at
     the same depth and is rolled back. Single-token passes are timed as they run in generation, a
     few in a row (SINGLES): a GPU build replays a captured graph for repeated single-token passes
     (CUDA graphs), so one pass between passes of other sizes costs twice a decode step there
-    (H100: 4.05 ms against 2.05 ms). A profile that is implausible (a pass over more tokens
-    cheaper than over fewer, beyond noise) is measured again, up to `attempts` times in all.
+    (H100: 4.05 ms against 2.05 ms). A profile whose repeats disagree (noise: `noisy_sizes`) is
+    measured again, up to `attempts` times in all; a curve that is not monotonic is kept when its
+    repeats agree, since that is what the backend does (kernels change with the batch size).
     Without `load_draft`, a draft model not loaded yet is not loaded for this: its cost is estimated
     from the file sizes (decoding reads every weight once), marked in `extra`, until `localspec tune`."""
     from datetime import datetime, timezone
 
+    sizes = [s for s in sizes if n_max is None or s <= n_max] or [1]
+    if n_max is not None and sizes[-1] < n_max:
+        sizes.append(n_max)
     tgt = engine.target
     prompt = engine.target_model.tokenize("def fibonacci(n):\n    \"\"\"Return the n-th Fibonacci number.\"\"\"\n", True)
-    prompt = (prompt * (depth // max(1, len(prompt)) + 1))[:depth]
-    tgt.sync(prompt)
+    prompt = (prompt * ((depth + sizes[-1]) // max(1, len(prompt)) + 1))[:depth + sizes[-1]]
+    tgt.sync(prompt[:depth])
+    batch = prompt[depth:]
     draft = engine.load_draft() if load_draft else engine.draft_ctx  # auto needs T_draft to judge the model draft
     if draft is not None:
-        draft.sync(prompt)
+        draft.sync(prompt[:depth])
     for _ in range(attempts):
-        samples: dict[tuple[str, int], list[float]] = {}
-        for r in range(warmup + repeats):
-            timed = [(("t", n), _timed_pass(tgt, prompt[:n])) for n in range(2, n_max + 1)]
-            timed.append((("t", 1), _steady_single_s(tgt, prompt[:SINGLES])))
-            if draft is not None:  # a drafting round: single tokens in a row, as the draft model proposes them
-                timed.append((("d", 1), statistics.mean(_timed_singles(draft, prompt[:SINGLES]))))
-            for key, dt in (timed if r >= warmup else ()):
-                samples.setdefault(key, []).append(dt)
-        t_verify = [statistics.median(samples[("t", n)]) for n in range(1, n_max + 1)]
-        t_draft = statistics.median(samples[("d", 1)]) if ("d", 1) in samples else None
-        if plausible(t_verify):
+        samples = _sample_passes(tgt, draft, batch, sizes, warmup + repeats, warmup)
+        if not noisy_sizes(samples) and plausible([statistics.median(samples[("t", n)]) for n in sizes]):
             break
-    extra = {}
+    measured = [statistics.median(samples[("t", n)]) for n in sizes]
+    t_verify = densify(sizes, measured)
+    t_draft = statistics.median(samples[("d", 1)]) if ("d", 1) in samples else None
+    extra: dict = {"sizes": sizes}
     if t_draft is None and engine.draft_path is not None:
         ratio = engine.draft_path.stat().st_size / engine.target_model.path.stat().st_size
-        t_draft, extra = t_verify[0] * ratio, {"t_draft": "estimated from file sizes"}
+        t_draft, extra["t_draft"] = t_verify[0] * ratio, "estimated from file sizes"
     return CostProfile(t_decode=t_verify[0], t_verify=t_verify, t_draft=t_draft, depth=depth, extra=extra,
                        measured_at=datetime.now(timezone.utc).isoformat(timespec="seconds"))
+
+
+def _sample_passes(tgt, draft, batch: list[int], sizes: list[int], rounds: int, warmup: int) -> dict:
+    """{("t", n): [seconds, ...], ("d", 1): [...]} over `rounds` interleaved rounds, the first `warmup` dropped."""
+    samples: dict[tuple[str, int], list[float]] = {}
+    for r in range(rounds):
+        timed = [(("t", n), _timed_pass(tgt, batch[:n])) for n in sizes if n > 1]
+        timed.append((("t", 1), _steady_single_s(tgt, batch[:SINGLES])))
+        if draft is not None:  # a drafting round: single tokens in a row, as the draft model proposes them
+            timed.append((("d", 1), statistics.mean(_timed_singles(draft, batch[:SINGLES]))))
+        for key, dt in (timed if r >= warmup else ()):
+            samples.setdefault(key, []).append(dt)
+    return samples
+
+
+NOISE = 0.35  # repeats of one pass size further apart than this share of their median: the machine was busy
+
+
+def noisy_sizes(samples: dict) -> list:
+    """The pass sizes whose repeats disagree by more than NOISE (a burst of load during the measurement)."""
+    return [key for key, xs in samples.items()
+            if len(xs) > 1 and (max(xs) - min(xs)) > NOISE * statistics.median(xs)]
 
 
 SINGLES = 4  # single-token passes timed in a row (plain decoding; a drafting round of k = 4)
@@ -255,31 +300,37 @@ def depth_bucket(n_tokens: int) -> int | None:
 
 
 def measure_at_depth(ctx, n_max: int, repeats: int = 3, should_stop=lambda: False) -> list[float] | None:
-    """T_verify(n), n = 1..n_max, over whatever the context holds now (its depth), every pass rolled
-    back so the cache is left as it was. None when `should_stop()` said to give up (a request came)."""
+    """T_verify(n), n = 1..n_max (the curve's sizes up to n_max, interpolated between), over whatever
+    the context holds now (its depth), every pass rolled back so the cache is left as it was. None
+    when `should_stop()` said to give up (a request came) or the repeats disagreed (noise)."""
     base = len(ctx.tokens)
-    toks = ctx.tokens[-n_max:]
-    if base < n_max or base + max(n_max, SINGLES) > ctx.n_ctx:
+    sizes = [s for s in CURVE_SIZES if s <= n_max]
+    toks = ctx.tokens[-sizes[-1]:]
+    if base < sizes[-1] or base + max(sizes[-1], SINGLES) > ctx.n_ctx:
         return None
     samples: dict[int, list[float]] = {}
     for r in range(repeats + 1):  # the first round warms up
-        for n in range(1, n_max + 1):
+        for n in sizes:
             if should_stop():
                 return None
             dt = _steady_single_s(ctx, toks[:SINGLES]) if n == 1 else _timed_pass(ctx, toks[:n])
             if r:
                 samples.setdefault(n, []).append(dt)
-    tv = [statistics.median(samples[n]) for n in range(1, n_max + 1)]
-    return tv if plausible(tv) else None
+    tv = densify(sizes, [statistics.median(samples[n]) for n in sizes])
+    return tv if plausible(tv) and not noisy_sizes(samples) else None
+
+
+FLOOR = 0.6  # no pass costs less than this share of a single-token decode: each reads all the weights
 
 
 def implausible_pass(t_verify: list[float]) -> tuple[int, int] | None:
-    """The one plausibility rule for pass costs: a pass over more tokens never costs much less than
-    one over fewer (the weights are read once either way; 20% allowed for noise). Returns (n, m)
-    for the first pass over n tokens measured below 0.8x the pass over m < n tokens, else None."""
+    """The one plausibility rule for pass costs: a pass over n tokens reads every weight once, as a
+    single-token decode does, so it never costs much less than one (FLOOR). A curve that is not
+    monotonic beyond that is what some backends do (the kernels change with the batch size) and is
+    kept. Returns (n, 1) for the first pass over n tokens measured below FLOOR x T(1), else None."""
     for n in range(1, len(t_verify)):
-        if t_verify[n] < 0.8 * max(t_verify[:n]):
-            return n + 1, max(range(n), key=lambda i: t_verify[i]) + 1
+        if t_verify[n] < FLOOR * t_verify[0]:
+            return n + 1, 1
     return None
 
 

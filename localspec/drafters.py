@@ -31,6 +31,7 @@ class Draft:
     source: str = "none"  # which drafter made it: "model" | "ngram" | "none"
     match_len: int = 0  # n-gram drafts: length of the suffix that matched
     shadow: list[int] | None = None  # an n-gram proposal the policy chose not to verify (it scores it later)
+    origin: str = ""  # n-gram drafts: where the text came from ("prediction" | "text" | "memory")
 
 
 class DraftModel:
@@ -47,7 +48,7 @@ class DraftModel:
             self._source = self._source()
         return self._source
 
-    def begin(self, seq: list[int]) -> None:
+    def begin(self, seq: list[int], prediction: list[int] | None = None) -> None:
         """Nothing up front: the draft's cache catches up with the text in the first round that
         drafts with the model (reusing what it already holds), so a prompt that auto never drafts
         for with the model (every prompt on a CPU, where the model draft cannot pay) costs only the
@@ -87,13 +88,24 @@ def _top_prob(logits: np.ndarray) -> float:
 
 
 class NgramDrafter:
+    """Prompt lookup with long drafts: it proposes the longest continuation its evidence supports and
+    leaves k to the policy, which prices it over the whole measured pass curve (on a CPU a 16-token
+    pass costs 7 decodes where 8 cost 6, so a copy is best verified in long drafts).
+
+    Where the text comes from, in order: the copy being followed (the source the last proposal came
+    from, while the confirmed text keeps matching it: a copied file is followed through repeated lines
+    instead of jumping to the latest occurrence of its last n tokens), the request's predicted output
+    (OpenAI's `prediction`, re-aligned after the answer inserts or deletes text), the text so far
+    (prompt, conversation, output), then the memory of earlier generations. The match length (how far
+    the agreement reaches back, up to MATCH_CAP) is the evidence the policy's acceptance buckets read."""
+
     name = "ngram"
 
-    MATCH_CAP = 32  # how far back a match is measured (its length says how trustworthy it is)
+    MATCH_CAP = 64  # how far back a match is measured (its length says how trustworthy it is)
 
     MEMORY_TOKENS = 32768  # earlier sequences remembered across generations (most recent kept)
 
-    def __init__(self, n_min: int = 2, n_max: int = 4, k_max: int = 8):
+    def __init__(self, n_min: int = 2, n_max: int = 4, k_max: int = 64):
         self.n_min, self.n_max, self.k_max = n_min, n_max, k_max
         self.index: dict[tuple[int, ...], int] = {}  # n-gram -> position right after its latest occurrence
         self.seq: list[int] = []  # the sequence the index describes (a reference to the engine's list)
@@ -103,8 +115,18 @@ class NgramDrafter:
         self.memory: list[list[int]] = []
         self.memory_index: dict[tuple[int, ...], tuple[int, int]] = {}  # n-gram -> (sequence id, position)
         self.memory_base = 0  # id of memory[0] (ids keep growing as old sequences are dropped)
+        self.follow: Follow | None = None  # the copy the last proposal came from
+        self.prediction = Prediction([], 0, 0)  # the request's predicted output (empty: none)
 
-    def begin(self, seq: list[int]) -> None:
+    def begin(self, seq: list[int], prediction: list[int] | None = None) -> None:
+        """A new generation over `seq` (the engine's list, which grows), with its predicted output if any."""
+        self._attach(seq)
+        self.prediction = Prediction(list(prediction or []), self.n_min, self.n_max)
+        # a prediction is the answer's expected text: its first token is the first guess
+        self.follow = Follow(self.prediction.tokens, 0, len(seq), self.n_max, "prediction") if prediction else None
+
+    def _attach(self, seq: list[int]) -> None:
+        self.follow = None  # a copy followed in another sequence says nothing about this one
         if common_prefix(self.seq, seq) < self.indexed:  # a different conversation: rebuild
             self.index.clear()
             self.indexed = 0
@@ -119,21 +141,36 @@ class NgramDrafter:
         self.indexed = max(self.indexed, len(seq))
 
     def lookup(self, seq: list[int], k: int) -> tuple[list[int], int]:
-        """(continuation of the longest matching suffix, match length); ([], 0) when none.
-        The current text first; failing that, the memory of earlier generations."""
+        """(continuation of the longest matching suffix, match length); ([], 0) when none."""
+        found = self.find(seq)
+        return (found.source[found.pos:found.pos + k], found.match) if found else ([], 0)
+
+    def find(self, seq: list[int]) -> "Follow | None":
+        """Where the text continues: the copy being followed while it still matches, else the longest
+        suffix match in the prediction, the text so far, then the memory."""
         if self.seq is not seq:
-            self.begin(seq)
+            self._attach(seq)
         self._update(seq)  # the suffix itself is never in the index, so a match is earlier text
+        f = self.follow
+        if f is not None:
+            new = seq[f.at:]
+            if f.origin == "prediction":  # the answer went through the prediction this far, at least
+                self.prediction.last = f.pos + common_prefix(f.source[f.pos:f.pos + len(new)], new)
+            if f.source[f.pos:f.pos + len(new)] == new and f.pos + len(new) < len(f.source):
+                return Follow(f.source, f.pos + len(new), len(seq), min(self.MATCH_CAP, f.match + len(new)), f.origin)
+        found = self.prediction.find(seq, self.MATCH_CAP)
+        if found is not None:
+            return found
         for n in range(min(self.n_max, len(seq) - 1), self.n_min - 1, -1):
             key = tuple(seq[-n:])
             pos = self.index.get(key)
             if pos is not None:
-                return seq[pos:pos + k], _extend_match(seq, pos, seq, n, self.MATCH_CAP)
+                return Follow(seq, pos, len(seq), _extend_match(seq, pos, seq, n, self.MATCH_CAP), "text")
             hit = self.memory_index.get(key)
             if hit is not None:
                 past = self.memory[hit[0] - self.memory_base]
-                return past[hit[1]:hit[1] + k], _extend_match(past, hit[1], seq, n, self.MATCH_CAP)
-        return [], 0
+                return Follow(past, hit[1], len(seq), _extend_match(past, hit[1], seq, n, self.MATCH_CAP), "memory")
+        return None
 
     def remember(self, seq: list[int]) -> None:
         """Keep a finished generation's whole text (prompt and answer) for later lookups."""
@@ -150,10 +187,47 @@ class NgramDrafter:
             self.memory_index = {g: h for g, h in self.memory_index.items() if h[0] >= self.memory_base}
 
     def propose(self, seq: list[int], room: int, policy) -> Draft:
-        found, n = self.lookup(seq, min(self.k_max, room))
-        k = policy.k_for(self.name, len(found), n) if found else 0
-        return Draft(tokens=found[:k], probs=[None] * k, source=self.name, match_len=n,
-                     shadow=found if found and not k else None)
+        f = self.follow = self.find(seq)
+        if f is None:
+            return Draft(source=self.name)
+        found = f.source[f.pos:f.pos + min(self.k_max, room)]
+        k = policy.k_for(self.name, len(found), f.match, f.origin) if found else 0
+        return Draft(tokens=found[:k], probs=[None] * k, source=self.name, match_len=f.match,
+                     shadow=found if found and not k else None, origin=f.origin)
+
+
+@dataclass
+class Follow:
+    """A place in some text where the confirmed sequence is expected to continue: `source[pos:]` is
+    the proposal, made when the sequence was `at` tokens long, with `match` tokens of agreement behind it."""
+    source: list[int]
+    pos: int
+    at: int
+    match: int
+    origin: str  # "prediction" | "text" | "memory"
+
+
+class Prediction:
+    """A predicted output, indexed so the answer can be re-aligned with it after an insertion or a
+    deletion: a suffix match is looked for at or after the last aligned place first (a prediction
+    repeats lines, and the answer moves through it in order)."""
+
+    def __init__(self, tokens: list[int], n_min: int, n_max: int):
+        self.tokens, self.n_min, self.n_max = tokens, n_min, n_max
+        self.where: dict[tuple[int, ...], list[int]] = {}  # n-gram -> positions right after each occurrence
+        for end in range(n_min, len(tokens)):
+            for n in range(n_min, min(n_max, end) + 1):
+                self.where.setdefault(tuple(tokens[end - n:end]), []).append(end)
+        self.last = 0  # the last aligned place
+
+    def find(self, seq: list[int], cap: int) -> Follow | None:
+        for n in range(min(self.n_max, len(seq) - 1), self.n_min - 1, -1):
+            places = self.where.get(tuple(seq[-n:]))
+            if places:
+                pos = next((p for p in places if p >= self.last), places[-1])
+                self.last = pos
+                return Follow(self.tokens, pos, len(seq), _extend_match(self.tokens, pos, seq, n, cap), "prediction")
+        return None
 
 
 def _extend_match(src: list[int], pos: int, seq: list[int], n: int, cap: int) -> int:
@@ -174,8 +248,8 @@ class HybridDrafter:
     def __init__(self, ngram: NgramDrafter, model: DraftModel | None, trust_len: int = 3):
         self.ngram, self.model, self.trust_len = ngram, model, trust_len
 
-    def begin(self, seq: list[int]) -> None:
-        self.ngram.begin(seq)
+    def begin(self, seq: list[int], prediction: list[int] | None = None) -> None:
+        self.ngram.begin(seq, prediction)
         if self.model:
             self.model.begin(seq)
 
@@ -198,8 +272,8 @@ class DraftFloor:
         self.inner, self.n_min = inner, n_min
         self.name = inner.name
 
-    def begin(self, seq: list[int]) -> None:
-        self.inner.begin(seq)
+    def begin(self, seq: list[int], prediction: list[int] | None = None) -> None:
+        self.inner.begin(seq, prediction)
 
     def propose(self, seq: list[int], room: int, policy) -> Draft:
         d = self.inner.propose(seq, room, policy)

@@ -67,7 +67,7 @@ def speculative_decode(target: Context, drafter, policy, seq: list[int], cfg: Ge
         seq.extend(out)
         target.truncate(len(seq) - 1)
         policy.update(draft, n, seq)
-        stats.add_round(draft.source, len(draft.tokens), n, t1 - t0, t2 - t1)
+        stats.add_round(draft.source, len(draft.tokens), n, t1 - t0, t2 - t1, draft.origin)
         for i, tok in enumerate(out):
             yield tok, (draft.source if i < n else "target")
 
@@ -222,8 +222,12 @@ class Engine:
         if not self._fill(seq[:-1], stats, cancel, step=CANCEL_STEP):  # reuses a conversation's (or a saved) prefix
             stats.stop_reason = "cancelled"  # during the prompt
             return
+        if self.governor:
+            self.governor.begin_run()
         if drafter:
-            drafter.begin(seq)
+            predicted = m.tokenize(cfg.prediction, add_special=False) if cfg.prediction else None
+            stats.prediction_tokens = len(predicted or ())
+            drafter.begin(seq, predicted)
 
         grammar, heal = self._constraint(cfg)
         text = TextStream(cfg.stop, skip=heal)

@@ -29,7 +29,7 @@ class FixedK:
     def __init__(self, k: int):
         self.k = k
 
-    def k_for(self, source: str, k_max: int, match_len: int = 0) -> int:
+    def k_for(self, source: str, k_max: int, match_len: int = 0, origin: str = "") -> int:
         return min(self.k, k_max)
 
     def update(self, draft, accepted: int, seq: list[int]) -> None:
@@ -39,38 +39,51 @@ class FixedK:
         return f"fixed k={self.k}"
 
 
-NGRAM_BUCKETS = (2, 3, 4, 8, 16)  # match lengths whose acceptance is tracked separately
+NGRAM_BUCKETS = (2, 3, 4, 8, 16, 32, 64)  # match lengths whose acceptance is tracked separately
 
 
-def _bucket(source: str, match_len: int) -> tuple[str, int]:
+def _bucket(source: str, match_len: int, origin: str = "") -> tuple[str, int]:
+    """The acceptance estimate a proposal is judged by: the model's one, or an n-gram's by the length of
+    its match, drafts from a request's predicted output apart (a prediction is right or wrong as a whole)."""
     if source != "ngram":
         return (source, 0)
-    return (source, max([b for b in NGRAM_BUCKETS if b <= match_len] or [NGRAM_BUCKETS[0]]))
+    name = "prediction" if origin == "prediction" else source
+    return (name, max([b for b in NGRAM_BUCKETS if b <= match_len] or [NGRAM_BUCKETS[0]]))
 
 
 class AdaptivePolicy:
-    PRIOR = {"model": 0.7, "ngram": 0.5}  # before any evidence (n-gram: the longer the match, the higher)
-    RATE = 0.1  # weight of the newest token's outcome in the running estimate
+    # before any evidence (n-gram: the longer the match, the higher). A prediction starts where a
+    # one-token draft just pays on a CPU (T_verify(2) = 1.56 decodes): a wrong one costs little, a
+    # right one earns long drafts within a few rounds (its unverified proposals are scored too)
+    PRIOR = {"model": 0.7, "ngram": 0.5, "prediction": 0.75}
+    # Acceptance is a count of outcomes, hits and misses, older ones fading (DECAY per new outcome:
+    # about the last 100 tokens count), started from PRIOR_WEIGHT pseudo-outcomes at the prior. A
+    # running average that moved 10% toward each outcome read a copy that held for 40 tokens as
+    # 99.9% certain and drafted 64 tokens into the next edit; counts give the long-run rate (one miss
+    # in 25 tokens: 0.96), which is what the expected length of a long draft depends on.
+    DECAY = 0.99
+    PRIOR_WEIGHT = 4.0
     MIN_GAIN = 1.05  # draft only when expected to beat plain by at least this factor (estimates are noisy)
     PROBE_EVERY = 48  # model rounds skipped between probes, when the model could pay at all
 
     def __init__(self, costs: CostProfile, k_max: int):
         self.costs, self.k_max = costs, k_max
-        self.alpha: dict[tuple[str, int], float] = {}
+        self.alpha: dict[tuple[str, int], float] = {}  # the current estimate per bucket
+        self.counts: dict[tuple[str, int], tuple[float, float]] = {}  # (hits, misses), decayed
         self.shadow: tuple[tuple[str, int], int, list[int]] | None = None  # (bucket, start, tokens)
         self.skipped_model = 0
         # can a model draft pay on this machine even when it is right 95% of the time?
         _, self.model_ceiling = best_k(0.95, k_max, costs, "model") if costs.t_draft else (0, 0.0)
         self.rounds = {"plain": 0, "ngram": 0, "model": 0}
 
-    def estimate(self, source: str, match_len: int = 0) -> float:
-        key = _bucket(source, match_len)
+    def estimate(self, key: tuple[str, int]) -> float:
         if key not in self.alpha:
-            self.alpha[key] = self.PRIOR[source] + (0.05 * NGRAM_BUCKETS.index(key[1]) if source == "ngram" else 0.0)
+            bonus = 0.03 * NGRAM_BUCKETS.index(key[1]) if key[0] != "model" else 0.0
+            self.alpha[key] = self.PRIOR[key[0]] + bonus
         return self.alpha[key]
 
-    def k_for(self, source: str, k_max: int, match_len: int = 0) -> int:
-        a = self.estimate(source, match_len)
+    def k_for(self, source: str, k_max: int, match_len: int = 0, origin: str = "") -> int:
+        a = self.estimate(_bucket(source, match_len, origin))
         k, gain = best_k(a, k_max, self.costs, source)
         if k and gain < self.MIN_GAIN:
             k = 0
@@ -86,15 +99,17 @@ class AdaptivePolicy:
     def _learn(self, key: tuple[str, int], drafted: int, accepted: int) -> None:
         """Each draft token the target looked at is one outcome: accepted ones hit, the first
         rejected one missed (those after it were never judged)."""
-        a = self.estimate(*key)
+        a = self.estimate(key)
+        hits, misses = self.counts.get(key, (a * self.PRIOR_WEIGHT, (1.0 - a) * self.PRIOR_WEIGHT))
         for i in range(min(drafted, accepted + 1)):
-            a += self.RATE * ((1.0 if i < accepted else 0.0) - a)
-        self.alpha[key] = a
+            hits, misses = hits * self.DECAY + (i < accepted), misses * self.DECAY + (i >= accepted)
+        self.counts[key] = (hits, misses)
+        self.alpha[key] = hits / (hits + misses)
 
     def update(self, draft, accepted: int, seq: list[int]) -> None:
         self.rounds["plain" if not draft.tokens else draft.source] += 1
         if draft.tokens:
-            self._learn(_bucket(draft.source, draft.match_len), len(draft.tokens), accepted)
+            self._learn(_bucket(draft.source, draft.match_len, draft.origin), len(draft.tokens), accepted)
         self._score_shadow(seq)
         if self.shadow and draft.shadow:  # still undecided: keep what matched so far
             key, start, tokens = self.shadow
@@ -102,7 +117,7 @@ class AdaptivePolicy:
             if m:
                 self._learn(key, m, m)
         if draft.shadow:  # the proposal continued the text as it stood before this round's tokens
-            self.shadow = (_bucket("ngram", draft.match_len), len(seq) - accepted - 1, draft.shadow)
+            self.shadow = (_bucket("ngram", draft.match_len, draft.origin), len(seq) - accepted - 1, draft.shadow)
 
     def _score_shadow(self, seq: list[int]) -> None:
         if not self.shadow:

@@ -52,6 +52,7 @@ class GenChoice:
     drafter: str | None = None
     draft_max: int | None = None
     p_min: float | None = None
+    prediction: str = ""  # the expected output (`run --predict FILE`): drafted from, never shown
 
 
 @dataclass
@@ -98,7 +99,7 @@ def load_config(choice: ModelChoice, sel: Selection) -> LoadConfig:
 
 def gen_config(gen: GenChoice, sel: Selection | None = None) -> GenConfig:
     cfg = GenConfig(temperature=gen.temperature, top_k=gen.top_k, top_p=gen.top_p, min_p=gen.min_p,
-                    seed=gen.seed, max_tokens=gen.max_tokens, stop=list(gen.stop))
+                    seed=gen.seed, max_tokens=gen.max_tokens, stop=list(gen.stop), prediction=gen.prediction)
     if sel is not None and sel.spec is not None:
         cfg.draft_max, cfg.p_min = sel.spec.draft_max, sel.spec.p_min
     if gen.draft_max is not None:

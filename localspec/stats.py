@@ -30,11 +30,16 @@ class Stats:
     policy: str = ""  # how k was chosen (for the record)
     threads: int = 0  # decode threads at the end of the run
     thread_changes: list = field(default_factory=list)  # [[from, to, why], ...] during this run
+    prediction_tokens: int = 0  # tokens in the request's predicted output (0: none given)
+    prediction_accepted: int = 0  # drafted from the prediction and confirmed (OpenAI's accepted_prediction_tokens)
     cache_restored: bool = False  # the prompt started from a saved prompt (promptcache), not the live cache
     cache_entries: int = 0  # saved prompts held after this one (0 without a prompt cache)
 
-    def add_round(self, source: str, drafted: int, accepted: int, draft_s: float, verify_s: float) -> None:
+    def add_round(self, source: str, drafted: int, accepted: int, draft_s: float, verify_s: float,
+                  origin: str = "") -> None:
         self.target_passes += 1
+        if origin == "prediction":
+            self.prediction_accepted += accepted
         self.draft_s += draft_s
         self.verify_s += verify_s
         if drafted == 0:
@@ -79,6 +84,11 @@ class Stats:
         return self.tokens / self.generation_s if self.generation_s > 0 else 0.0
 
     @property
+    def prediction_rejected(self) -> int:
+        """Prediction tokens that did not become part of the answer (OpenAI's rejected_prediction_tokens)."""
+        return max(0, self.prediction_tokens - self.prediction_accepted)
+
+    @property
     def other_s(self) -> float:
         """Generation time outside drafting and verifying: sampling, detokenizing, the loop."""
         return max(0.0, self.generation_s - self.draft_s - self.verify_s)
@@ -95,7 +105,7 @@ class Stats:
     def to_dict(self) -> dict:
         d = asdict(self)
         for k in ("acceptance_rate", "mean_accepted_length", "tokens_per_pass", "tokens_per_second",
-                  "other_s", "total_s", "overhead_share", "draft_rounds"):
+                  "other_s", "total_s", "overhead_share", "draft_rounds", "prediction_rejected"):
             d[k] = getattr(self, k)
         return {k: (round(v, 6) if isinstance(v, float) else v) for k, v in d.items()}
 

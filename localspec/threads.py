@@ -74,6 +74,29 @@ class ThreadGovernor:
         self.probe_s = self.PROBE_S
         self.changes: list[tuple[float, int, int, str]] = []  # (time, from, to, why)
         self.on_change: Callable[[int], None] | None = None  # e.g. remember the count for the next process
+        self.scale = 1.0  # what passes cost on a quiet machine at this run's depth, relative to the profile
+        self.calibrating: list[float] | None = None
+
+    QUIET = 0.3  # other processes used less than this share of a core: the machine is quiet
+
+    def begin_run(self) -> None:
+        """A new generation: the profile was measured at a shallow depth, and a prompt thousands of tokens
+        deep makes every pass dearer (1.2x at 1,000 tokens here), which read as load and cost a trial at
+        one thread. The first passes of a run at the full count on a quiet machine set what this depth costs."""
+        self.scale = 1.0
+        self.calibrating = [] if self.threads == self.max_threads and self.trial_from is None else None
+        self.others_busy()  # a fresh window for the quiet check
+
+    def _calibrate(self, s: float) -> bool:
+        """Collect the run's first slowdowns; True while still collecting (they judge nothing yet)."""
+        self.calibrating.append(s)
+        if len(self.calibrating) < self.MIN_PASSES:
+            return True
+        busy = self.others_busy()
+        if busy is not None and busy < self.QUIET:
+            self.scale = max(1.0, sorted(self.calibrating)[len(self.calibrating) // 2])
+        self.calibrating = None
+        return False
 
     def start_at(self, n: int, why: str) -> None:
         """Begin at another count than the maximum (what a process a moment ago found fastest); the
@@ -87,6 +110,9 @@ class ThreadGovernor:
         if not exp or seconds <= 0:
             return
         s = seconds / exp
+        if self.calibrating is not None and self._calibrate(s):
+            return
+        s /= self.scale
         n = self.threads
         self.score[n] = s if n not in self.score or self.passes == 0 else self.score[n] + self.RATE * (s - self.score[n])
         self.passes += 1

@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 
 from . import paths
-from .costmodel import CostProfile, measure_costs, steady_verify
+from .costmodel import QUICK_SIZES, CostProfile, measure_costs, steady_verify
 
 
 def _file_id(path) -> str:
@@ -34,15 +34,16 @@ def profile_key(engine) -> str:
         "threads_batch": load.n_threads_batch,
         "gpu_layers": [load.n_gpu_layers_target, load.n_gpu_layers_draft],
         "llama_cpp_python": info["llama_cpp_python"],
+        "curve": CURVE_VERSION,
     }
     return json.dumps(parts, sort_keys=True)
 
 
+CURVE_VERSION = 2  # profiles priced to 64-token passes; older ones (to 6-12) are measured again
+
+
 def profile_path(key: str):
     return paths.profiles_dir() / (hashlib.sha256(key.encode()).hexdigest()[:16] + ".json")
-
-
-QUICK_N_MAX = 6  # auto extrapolates longer verification passes linearly from the last two
 
 
 def load_profile(engine, notify=None) -> CostProfile | None:
@@ -59,18 +60,18 @@ def load_profile(engine, notify=None) -> CostProfile | None:
     return prof if prof and prof.key == key else None
 
 
-def tune(engine, n_max: int = 12, repeats: int = 3, warmup: int = 1, quick: bool = False) -> CostProfile:
+def tune(engine, n_max: int | None = None, repeats: int = 3, warmup: int = 1, quick: bool = False) -> CostProfile:
     """Measure this engine's pass costs and store them as the profile of its (pair, device, threads):
     the one way a profile is made (`localspec tune`, `bench --costs --save`, auto's first run).
     quick: auto's first run, which must not keep anyone waiting (~2 s here): fewer, shallower passes,
     and a draft model not loaded yet is priced from its size instead of being loaded to be timed."""
     key = profile_key(engine)
     if quick:
-        prof = measure_costs(engine, n_max=QUICK_N_MAX, repeats=2, warmup=1, depth=32, load_draft=False)
+        prof = measure_costs(engine, repeats=2, warmup=1, depth=32, load_draft=False, sizes=QUICK_SIZES)
         prof.extra["quick"] = True
     else:
         prof = measure_costs(engine, n_max=n_max, repeats=repeats, warmup=warmup)
-        prof.extra["steady_verify"] = steady_verify(engine.target, n_max)  # for doctor's shape check
+        prof.extra["steady_verify"] = steady_verify(engine.target, 12)  # for doctor's shape check
     prof.key = key
     try:
         prof.save(profile_path(key))

@@ -116,3 +116,25 @@ def test_real_pair_tools_and_structured_output_through_the_openai_package(real_p
         assert set(obj) == {"city", "population"} and isinstance(obj["population"], int)
     finally:
         assert srv.stop() == 0, srv.output()
+
+
+@pytest.mark.realpair
+def test_real_pair_predicted_output_is_exact_and_drafted(real_pair):
+    """An edit sent with the original file as its prediction: greedy output equals plain greedy output
+    (up to measured near-ties) and most of it was drafted from the prediction."""
+    from localspec.config import GenConfig, LoadConfig
+    from localspec.engine import Engine
+    from localspec.verify import verify_exactness
+
+    e = Engine(real_pair[0], None, LoadConfig(n_ctx=2048))
+    code = ("def add(a, b):\n    return a + b\n\n\ndef sub(a, b):\n    return a - b\n\n\n"
+            "def mul(a, b):\n    return a * b\n")
+    prompt = e.prompt_tokens(f"```python\n{code}```\n\nRename `sub` to `subtract`. Return the complete updated "
+                             "file in one ```python block, nothing else.")
+    cfg = GenConfig(temperature=0.0, spec="on", drafter="ngram", draft_max=16, max_tokens=60,
+                    prediction=f"```python\n{code}```")
+    report = verify_exactness(e, [prompt], cfg)
+    st = e.last_stats
+    e.close()
+    assert report["verdict"] == "OK", report
+    assert st.prediction_tokens > 20 and st.prediction_accepted >= 0.5 * st.tokens, st

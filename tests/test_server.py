@@ -83,6 +83,22 @@ def test_chat_with_the_openai_package(oai):
     assert chunks[-2].choices[0].finish_reason == r.choices[0].finish_reason
 
 
+def test_predicted_outputs_with_the_openai_package(oai, server):
+    """OpenAI's `prediction`: the same answer, drafted from the predicted text, counted in usage as OpenAI does."""
+    msgs = [{"role": "user", "content": "hello world"}]
+    text = oai.chat.completions.create(model="x", messages=msgs, max_tokens=24, temperature=0).choices[0].message.content
+    r = oai.chat.completions.create(model="x", messages=msgs, max_tokens=24, temperature=0,
+                                    prediction={"type": "content", "content": text},
+                                    extra_body={"spec": "on", "drafter": "ngram"})
+    assert r.choices[0].message.content == text
+    d = r.usage.completion_tokens_details  # the tiny model's text is bytes that tokenize otherwise: counts only
+    n_predicted = len(post(server, "/tokenize", {"content": text}).json()["tokens"])
+    assert d.accepted_prediction_tokens + d.rejected_prediction_tokens == n_predicted
+    assert r.model_extra["timings"]["draft_n_accepted"] >= d.accepted_prediction_tokens
+    bad = post(server, "/v1/chat/completions", {"messages": msgs, "prediction": {"type": "image"}})
+    assert bad.status_code == 400 and "prediction" in bad.json()["error"]["message"]
+
+
 def test_completions_with_the_openai_package(oai):
     r = oai.completions.create(model="fim-target", prompt="the cache of the model", max_tokens=12, temperature=0)
     assert r.object == "text_completion" and r.choices[0].text and r.usage.completion_tokens <= 12

@@ -8,6 +8,7 @@ import os
 import sys
 
 from ..config import GenConfig, default_threads
+from ..errors import ConfigError
 from ..session import GenChoice, ModelChoice
 
 
@@ -129,7 +130,23 @@ def gen_choice(args) -> GenChoice:
     return GenChoice(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, min_p=args.min_p,
                      seed=args.seed, max_tokens=args.max_tokens, stop=list(args.stop), system=args.system,
                      spec="off" if args.no_spec else args.spec, drafter=args.drafter,
-                     draft_max=args.draft_max, p_min=args.p_min)
+                     draft_max=args.draft_max, p_min=args.p_min, prediction=read_prediction(args))
+
+
+def read_prediction(args) -> str:
+    """`--predict FILE`: the text the answer is expected to repeat (a file being edited), as UTF-8."""
+    path = getattr(args, "predict", None)
+    if not path:
+        return ""
+    try:
+        with open(path, "rb") as f:
+            data = f.read()
+    except OSError as e:
+        raise ConfigError(f"cannot read --predict {path}: {e.strerror}; give the file the answer is expected to repeat") from None
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError:
+        raise ConfigError(f"--predict {path} is not UTF-8 text; convert it first (iconv -t utf-8)") from None
 
 
 def stderr_note(message: str) -> None:

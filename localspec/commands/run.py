@@ -16,6 +16,8 @@ def register(sub) -> None:
     add_model_args(p)
     add_gen_args(p)
     p.add_argument("--raw", action="store_true", help="send the text as-is, without the model's chat template")
+    p.add_argument("--predict", metavar="FILE", help="the text the answer is expected to repeat (the file being "
+                   "edited): drafted from, aligned with the answer; changes the speed, never the answer")
     p.add_argument("--stats", action="store_true", help="print a speculation summary to stderr")
     p.add_argument("--json", action="store_true", help='print {"text", "tokens", "stats"} as one JSON object')
     p.add_argument("--local", action="store_true",

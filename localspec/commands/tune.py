@@ -64,7 +64,8 @@ def cmd_tune(args) -> int:
     print(f"T_decode (target, 1 token)  {prof.t_decode * 1e3:8.2f} ms")
     if prof.t_draft:
         print(f"T_draft  (draft, 1 token)   {prof.t_draft * 1e3:8.2f} ms  = {prof.t_draft / prof.t_decode:.2f} x T_decode")
-    print("T_verify(n) / T_decode       " + "  ".join(f"n={i + 1}:{r:.2f}" for i, r in enumerate(prof.relative_verify())))
+    rel, sizes = prof.relative_verify(), prof.extra.get("sizes") or range(1, len(prof.t_verify) + 1)
+    print("T_verify(n) / T_decode       " + "  ".join(f"n={n}:{rel[n - 1]:.2f}" for n in sizes if n <= len(rel)))
     if prof.t_draft:
         for a, v in report["model_draft_break_even"].items():
             verdict = f"k={v['best_k']} gives {v['speedup']:.2f}x" if v["best_k"] else "plain is faster"

@@ -107,7 +107,10 @@ def request_body(messages: list[tuple[str, str]] | str, cfg, raw: bool) -> tuple
     body = {"temperature": cfg.temperature, "top_k": cfg.top_k, "top_p": cfg.top_p, "min_p": cfg.min_p,
             "seed": -1 if cfg.seed is None else cfg.seed, "stop": list(cfg.stop), "stream": True,
             "spec": cfg.spec, "drafter": cfg.drafter,
-            "speculative": {"n_max": cfg.draft_max, "n_min": cfg.draft_min, "p_min": cfg.p_min}}
+            "speculative": {"n_max": cfg.draft_max, "n_min": cfg.draft_min, "p_min": cfg.p_min,
+                            "ngram_n_max": cfg.ngram_draft_max}}
+    if cfg.prediction:
+        body["prediction"] = {"type": "content", "content": cfg.prediction}
     if raw:
         body.update(prompt=messages, n_predict=cfg.max_tokens, parse_special=False)
         return "/completion", body

@@ -193,6 +193,7 @@ def gen_settings(body: dict, defaults: GenConfig, oai: bool) -> tuple[GenConfig,
         cfg.seed = None if seed < 0 else seed  # llama-server: -1 = random
     _samplers(body, cfg)
     _speculative(body, cfg)
+    cfg.prediction = prediction(body)
     cfg.grammar = requested_grammar(body)
     extras = Extras(stream=boolean(body, "stream"), n_indent=integer(body, "n_indent", 0, 0),
                     t_max_predict_ms=integer(body, "t_max_predict_ms", 0, 0), logit_bias=logit_bias(body),
@@ -208,6 +209,25 @@ def gen_settings(body: dict, defaults: GenConfig, oai: bool) -> tuple[GenConfig,
             raise ApiError(400, '"response_fields" must be a list of strings')
         extras.response_fields = rf
     return cfg, extras
+
+
+def prediction(body: dict) -> str:
+    """OpenAI's predicted outputs, `{"type": "content", "content": "..." or [{"type": "text", "text": ...}]}`
+    (a plain string is taken too, as on /completion): text the answer is expected to repeat, drafted
+    from and aligned with the answer as it grows. It changes the speed, never the answer."""
+    v = body.get("prediction")
+    if v is None or isinstance(v, str):
+        return v or ""
+    bad = ApiError(400, '"prediction" must be {"type": "content", "content": "..."} (or a string)')
+    if not isinstance(v, dict) or v.get("type", "content") != "content":
+        raise bad
+    content = v.get("content")
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list) and all(isinstance(p, dict) and p.get("type") == "text"
+                                         and isinstance(p.get("text"), str) for p in content):
+        return "".join(p["text"] for p in content)
+    raise bad
 
 
 BiasItem = tuple  # (token id or text, added logit; -inf bans)
@@ -312,7 +332,7 @@ def _samplers(body: dict, cfg: GenConfig) -> None:
 
 def _speculative(body: dict, cfg: GenConfig) -> None:
     """llama-server's speculative.{n_max, n_min, p_min} (nested or as "speculative.n_max" keys) and
-    localspec's own `spec` and `drafter`."""
+    localspec's own `spec`, `drafter` and `speculative.ngram_n_max`."""
     spec = body.get("speculative")
     if spec is not None and not isinstance(spec, dict):
         raise ApiError(400, '"speculative" must be an object like {"n_max": 4}')
@@ -323,6 +343,9 @@ def _speculative(body: dict, cfg: GenConfig) -> None:
     n_max = integer(spec, "n_max", 0)
     if n_max is not None:
         cfg.draft_max = cfg.ngram_draft_max = n_max
+    ngram_n_max = integer(spec, "ngram_n_max", 0)  # localspec's: n-gram drafts may be longer than the model's
+    if ngram_n_max is not None:
+        cfg.ngram_draft_max = ngram_n_max
     n_min = integer(spec, "n_min", 0)
     if n_min is not None:
         cfg.draft_min = n_min

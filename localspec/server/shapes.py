@@ -65,7 +65,10 @@ def localspec_stats(st) -> dict:
 def usage(st) -> dict:
     return {"completion_tokens": st.tokens, "prompt_tokens": st.prompt_tokens,
             "total_tokens": st.tokens + st.prompt_tokens,
-            "prompt_tokens_details": {"cached_tokens": st.prompt_tokens - st.prompt_eval_tokens}}
+            "prompt_tokens_details": {"cached_tokens": st.prompt_tokens - st.prompt_eval_tokens},
+            "completion_tokens_details": {"reasoning_tokens": 0,  # predicted outputs, as OpenAI counts them
+                                          "accepted_prediction_tokens": st.prediction_accepted,
+                                          "rejected_prediction_tokens": st.prediction_rejected}}
 
 
 def finish_reason(st) -> str:

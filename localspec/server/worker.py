@@ -18,7 +18,7 @@ import threading
 from dataclasses import dataclass, field
 from typing import Callable
 
-from ..costmodel import depth_bucket, measure_at_depth
+from ..costmodel import CURVE_SIZES, depth_bucket, measure_at_depth
 from ..errors import ContextFullError, LocalspecError
 from ..fim_windows import EditorSettings, EditorWindows
 from ..promptcache import PromptCache
@@ -165,22 +165,29 @@ class ServerSession:
 
     def _measure_depth(self) -> None:
         """While idle, price passes at the depth the last request ran at, once per depth bucket, so
-        auto's choices hold for long prompts (FIM with extra context runs thousands of tokens deep).
-        Uses the cache as the request left it; gives up as soon as another request arrives."""
+        auto's choices hold for long prompts (FIM with extra context runs thousands of tokens deep);
+        a quick start-up profile (passes to 16 tokens) is replaced by the whole curve, to 64, measured
+        at the depth requests run at. Uses the cache as the request left it; gives up as soon as
+        another request arrives."""
         prof = self.engine.profile
         depth = len(self.engine.target.tokens)
         bucket = depth_bucket(depth)
-        if prof is None or bucket is None or any(depth_bucket(int(d)) == bucket for d in prof.by_depth):
+        quick = prof is not None and bool(prof.extra.get("quick"))
+        if prof is None or not quick and (bucket is None or any(depth_bucket(int(d)) == bucket for d in prof.by_depth)):
             return
-        tv = measure_at_depth(self.engine.target, min(len(prof.t_verify), 9), repeats=2,
-                              should_stop=lambda: not self.jobs.empty())
-        if tv:
+        tv = measure_at_depth(self.engine.target, CURVE_SIZES[-1], repeats=2, should_stop=lambda: not self.jobs.empty())
+        if not tv:
+            return
+        if quick:
+            prof.t_decode, prof.t_verify, prof.depth = tv[0], tv, depth
+            prof.extra.update(quick=False, sizes=list(CURVE_SIZES))
+        if bucket is not None:
             prof.by_depth[str(depth)] = tv
-            if prof.key:
-                try:
-                    prof.save(profile_path(prof.key))
-                except OSError:  # an unwritable data dir: keep the figures for this process only
-                    pass
+        if prof.key:
+            try:
+                prof.save(profile_path(prof.key))
+            except OSError:  # an unwritable data dir: keep the figures for this process only
+                pass
 
     def _serve(self, job: Job) -> None:
         engine = self.engine

@@ -1,0 +1,275 @@
+"""localspec serve against llama.cpp's llama-server on the same machine, all up at once.
+
+Servers (each on its own loopback port, started here and stopped at the end):
+  localspec        `localspec serve` with its defaults (--spec auto)
+  llama            llama-server, plain
+  llama-spec       llama-server --spec-default (its n-gram-mod drafter, drafts of 48-64 tokens)
+  llama-draft      llama-server -md DRAFT (the pair's draft model)
+llama-server is built once from the llama-cpp-python sdist this project installs (llama.cpp's own code
+of the version localspec runs on) into ~/.cache/localspec, never into the repository.
+
+Each request goes to every server in turn, the order alternating from request to request, and is sent
+only once every server has been quiet (no CPU time used) for a moment, so no server's background work
+lands on another's request. Greedy, OpenAI chat API, not streamed. Per workload and server: end-to-end
+tok/s (completion tokens / wall time of the request) and decode tok/s (the server's own `timings`), the
+ratios to llama-server plain and --spec-default, and whether the greedy texts equal llama-server plain's.
+
+Workloads, prompts of this script's own on real files (Python's standard library of the running
+interpreter, so every machine has them):
+  edit        return a whole file with a small change
+  predict     the same on other files, with OpenAI's `prediction` = the original file (llama-server ignores it)
+  code        write a function
+  chat        short questions
+  quote       summaries that quote a document
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import socket
+import statistics
+import subprocess
+import sys
+import sysconfig
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+STDLIB = Path(sysconfig.get_paths()["stdlib"])
+EDIT_FILES = [("bisect.py", "Rename the parameter `hi` to `upper` everywhere in this module (signatures, docstrings "
+               "and code)."),
+              ("nturl2path.py", "Add a module-level constant `DRIVE_SEPARATORS = ':|'` after the imports and use it "
+               "wherever the code compares against ':' or '|'."),
+              ("keyword.py", "Sort the `softkwlist` list in reverse alphabetical order and add a comment above it "
+               "saying so.")]
+PREDICT_FILES = [("colorsys.py", "Rename the function `rgb_to_yiq` to `rgb_to_yiq_color` everywhere in this module."),
+                 ("genericpath.py", "Add a one-line docstring to `_check_arg_types` saying what it checks."),
+                 ("copyreg.py", "Rename the variable `_extension_registry` to `_EXTENSION_REGISTRY` everywhere.")]
+CODE = ["Write a Python function `merge_intervals(intervals)` that merges overlapping [start, end] intervals, with "
+        "a docstring and type hints.",
+        "Write a Python class `LRUCache` with get and put in O(1), using collections.OrderedDict."]
+CHAT = ["Explain in a short paragraph what a hash table is and when to use one.",
+        "Give me three tips for writing clear commit messages.",
+        "What is the difference between a process and a thread? Answer briefly."]
+QUOTE_DOCS = [("textwrap.py", "Quote, word for word, the docstring of the `TextWrapper` class, then summarize it in "
+               "two sentences."),
+              ("shlex.py", "Quote the first line of every method of the `shlex` class that has a docstring, each on "
+               "its own line, then say in one sentence what the class does.")]
+EDIT_SUFFIX = "\n\nReturn the complete updated file in one ```python block, nothing else."
+
+
+def workloads(names: list[str], quick: bool) -> list[tuple[str, dict]]:
+    """(workload, request body) in the order they are sent."""
+    def chat(content: str, max_tokens: int, **extra) -> dict:
+        return {"messages": [{"role": "user", "content": content}], "max_tokens": max_tokens, "temperature": 0,
+                **extra}
+
+    out = []
+    pick = (lambda xs: xs[:1]) if quick else (lambda xs: xs)
+    for name in names:
+        if name == "edit":
+            for f, task in pick(EDIT_FILES):
+                src = (STDLIB / f).read_text()
+                out.append((name, chat(f"```python\n{src}```\n\n{task}{EDIT_SUFFIX}", 2000)))
+        elif name == "predict":
+            for f, task in pick(PREDICT_FILES):
+                src = (STDLIB / f).read_text()
+                out.append((name, chat(f"```python\n{src}```\n\n{task}{EDIT_SUFFIX}", 2000,
+                                       prediction={"type": "content", "content": f"```python\n{src}```"})))
+        elif name == "code":
+            out += [(name, chat(p, 400)) for p in pick(CODE)]
+        elif name == "chat":
+            out += [(name, chat(p, 300)) for p in pick(CHAT)]
+        elif name == "quote":
+            for f, task in pick(QUOTE_DOCS):
+                src = (STDLIB / f).read_text()[:6000]
+                out.append((name, chat(f"{src}\n\n{task}", 400)))
+    return out
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Server:
+    def __init__(self, name: str, argv: list[str], port: int, log: Path, env: dict | None = None):
+        self.name, self.port, self.log_path = name, port, log
+        self.log = open(log, "w")
+        self.proc = subprocess.Popen(argv, stdout=self.log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                     env=env)
+
+    def wait_ready(self, timeout: float = 600) -> None:
+        end = time.monotonic() + timeout
+        while time.monotonic() < end:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"{self.name} exited ({self.proc.returncode}); see {self.log_path}")
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/health", timeout=2) as r:
+                    if r.status == 200:
+                        return
+            except OSError:
+                pass
+            time.sleep(0.3)
+        raise RuntimeError(f"{self.name} did not become ready; see {self.log_path}")
+
+    def cpu_s(self) -> float:
+        """CPU seconds used so far by the server process (its threads included)."""
+        fields = Path(f"/proc/{self.proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+    def ask(self, body: dict, timeout: float = 900) -> dict:
+        req = urllib.request.Request(f"http://127.0.0.1:{self.port}/v1/chat/completions", data=json.dumps(body).encode(),
+                                     headers={"Content-Type": "application/json"})
+        t0 = time.perf_counter()
+        with urllib.request.urlopen(req, timeout=timeout) as r:
+            out = json.loads(r.read())
+        wall = time.perf_counter() - t0
+        t = out.get("timings", {})
+        usage = out.get("usage", {})
+        n = usage.get("completion_tokens") or t.get("predicted_n", 0)
+        return {"text": out["choices"][0]["message"].get("content") or "", "tokens": n, "wall_s": wall,
+                "e2e_tps": n / wall if wall else 0.0, "decode_tps": t.get("predicted_per_second", 0.0),
+                "prompt_n": t.get("prompt_n"), "draft_n": t.get("draft_n", 0),
+                "draft_n_accepted": t.get("draft_n_accepted", 0),
+                "accepted_prediction_tokens": usage.get("completion_tokens_details", {}).get("accepted_prediction_tokens")}
+
+    def stop(self) -> None:
+        self.proc.terminate()
+        try:
+            self.proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+        self.log.close()
+
+
+def wait_quiet(servers: list[Server], quiet_s: float, gap_s: float, limit_s: float = 120) -> None:
+    """Sleep gap_s, then until no server has used CPU for quiet_s (their idle work done), at most limit_s."""
+    time.sleep(gap_s)
+    end = time.monotonic() + limit_s
+    while time.monotonic() < end:
+        before = [s.cpu_s() for s in servers]
+        time.sleep(quiet_s)
+        if all(s.cpu_s() - b < 0.05 * quiet_s for s, b in zip(servers, before)):
+            return
+
+
+def start_servers(names: list[str], work: Path, llama_server: Path | None) -> list[Server]:
+    from localspec import models
+
+    pair = models.resolve_pair()
+    target, draft = str(pair.target_path), str(pair.draft_path)
+    root = Path(__file__).resolve().parent.parent
+    flags = {"llama": [], "llama-spec": ["--spec-default"], "llama-draft": ["-md", draft]}
+    servers = []
+    for name in names:
+        port = free_port()
+        if name == "localspec":
+            env = dict(os.environ, LOCALSPEC_HOME=os.environ.get("LOCALSPEC_HOME") or str(work / "home"))
+            argv = [str(root / ".venv" / "bin" / "localspec"), "serve", "--port", str(port)]
+            servers.append(Server(name, argv, port, work / f"{name}.log", env))
+        else:
+            if llama_server is None:
+                import llamacpp_tools
+
+                llama_server = llamacpp_tools.build("llama-server")
+            argv = [str(llama_server), "-m", target, "--host", "127.0.0.1", "--port", str(port), *flags[name]]
+            servers.append(Server(name, argv, port, work / f"{name}.log"))
+    for s in servers:
+        s.wait_ready()
+    return servers
+
+
+def summarize(results: list[dict], names: list[str]) -> list[dict]:
+    """One row per (workload, server): summed tokens over summed seconds, and ratios to llama-server's two."""
+    rows = []
+    for w in dict.fromkeys(r["workload"] for r in results):
+        per = {}
+        for name in names:
+            rs = [r[name] for r in results if r["workload"] == w and name in r]
+            if not rs:
+                continue
+            toks = sum(x["tokens"] for x in rs)
+            decode_s = sum(x["tokens"] / x["decode_tps"] for x in rs if x["decode_tps"])
+            per[name] = {"e2e": toks / sum(x["wall_s"] for x in rs), "decode": toks / decode_s if decode_s else 0.0,
+                         "tokens": toks, "drafted": sum(x["draft_n"] for x in rs),
+                         "accepted": sum(x["draft_n_accepted"] for x in rs)}
+        same = [r.get("same_as_llama") for r in results if r["workload"] == w and r.get("same_as_llama") is not None]
+        for name, v in per.items():
+            for base in ("llama", "llama-spec"):
+                if base in per and name != base:
+                    v[f"e2e_vs_{base}"] = v["e2e"] / per[base]["e2e"]
+                    v[f"decode_vs_{base}"] = v["decode"] / per[base]["decode"] if per[base]["decode"] else None
+            rows.append({"workload": w, "server": name, **v,
+                         "texts_equal": f"{sum(same)}/{len(same)}" if name == "localspec" and same else ""})
+    return rows
+
+
+def print_table(rows: list[dict]) -> None:
+    def f(x, fmt="{:.2f}"):
+        return fmt.format(x) if isinstance(x, (int, float)) else "—"
+
+    print("| workload | server | tokens | end-to-end tok/s | decode tok/s | e2e / llama | decode / llama | "
+          "e2e / llama-spec | decode / llama-spec | drafts accepted | greedy text = llama |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
+    for r in rows:
+        acc = f"{r['accepted']}/{r['drafted']}" if r["drafted"] else "—"
+        print(f"| {r['workload']} | {r['server']} | {r['tokens']} | {f(r['e2e'], '{:.1f}')} | {f(r['decode'], '{:.1f}')} | "
+              f"{f(r.get('e2e_vs_llama'))}x | {f(r.get('decode_vs_llama'))}x | {f(r.get('e2e_vs_llama-spec'))}x | "
+              f"{f(r.get('decode_vs_llama-spec'))}x | {acc} | {r['texts_equal']} |")
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--workloads", default="edit,predict,code,chat,quote")
+    p.add_argument("--servers", default="localspec,llama,llama-spec,llama-draft")
+    p.add_argument("--quick", action="store_true", help="one request per workload")
+    p.add_argument("--gap", type=float, default=2.0, help="seconds of quiet before each request (default 2)")
+    p.add_argument("--llama-server", type=Path, help="a llama-server binary (default: built from the sdist, cached)")
+    p.add_argument("--json", type=Path, help="write every request's figures and texts here")
+    a = p.parse_args()
+    names = a.servers.split(",")
+    unknown = set(names) - {"localspec", "llama", "llama-spec", "llama-draft"}
+    if unknown:
+        p.error(f"unknown server {sorted(unknown)[0]!r}")
+    work = Path(tempfile.mkdtemp(prefix="localspec-race-"))
+    print(f"logs in {work}", file=sys.stderr)
+    servers = start_servers(names, work, a.llama_server)
+    try:
+        # one warm-up request each (loads, first cost profile), then time for localspec's idle measurements
+        for s in servers:
+            s.ask({"messages": [{"role": "user", "content": "Say hi."}], "max_tokens": 8, "temperature": 0})
+        wait_quiet(servers, quiet_s=3.0, gap_s=a.gap, limit_s=300)
+        results = []
+        for i, (w, body) in enumerate(workloads(a.workloads.split(","), a.quick)):
+            order = servers[i % len(servers):] + servers[:i % len(servers)]
+            if i % 2:
+                order.reverse()
+            row = {"workload": w}
+            for s in order:
+                wait_quiet(servers, quiet_s=1.0, gap_s=a.gap)
+                row[s.name] = s.ask(body)
+                print(f"{w} #{i} {s.name}: {row[s.name]['tokens']} tokens, {row[s.name]['e2e_tps']:.1f} e2e, "
+                      f"{row[s.name]['decode_tps']:.1f} decode tok/s", file=sys.stderr)
+            if "llama" in row and "localspec" in row:
+                row["same_as_llama"] = row["localspec"]["text"] == row["llama"]["text"]
+            results.append(row)
+    finally:
+        for s in servers:
+            s.stop()
+    rows = summarize(results, names)
+    print_table(rows)
+    if a.json:
+        a.json.write_text(json.dumps({"results": results, "rows": rows}, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,136 @@
+"""Long n-gram drafts priced over the whole pass curve, the copy followed, predicted outputs aligned."""
+
+from __future__ import annotations
+
+import pytest
+
+from localspec.costmodel import CostProfile, densify, implausible_pass, noisy_sizes
+from localspec.drafters import Draft, NgramDrafter
+from localspec.policy import AdaptivePolicy, FixedK
+
+
+def curve(per_token: float, n: int = 64) -> CostProfile:
+    """T(1) = 1 decode, each further token of a pass `per_token` of a decode."""
+    return CostProfile(t_decode=1.0, t_verify=[1.0 + per_token * (i - 1) for i in range(1, n + 1)])
+
+
+# the 2-core CPU's curve as measured (localspec tune, depth 128): the dearest tokens are those of
+# passes of 5-12, the cheapest those of 16+
+CPU = CostProfile(t_decode=1.0, t_verify=densify(
+    [1, 2, 3, 4, 5, 6, 8, 12, 16, 24, 32, 48, 64],
+    [1.0, 1.95, 2.80, 3.45, 4.42, 5.06, 8.41, 10.49, 10.95, 16.89, 19.44, 27.95, 35.74]))
+
+
+def policy_at(costs: CostProfile, alpha: float, bucket=("ngram", 64)) -> AdaptivePolicy:
+    pol = AdaptivePolicy(costs, 64)
+    pol.alpha[bucket] = alpha
+    return pol
+
+
+def test_a_cheap_large_batch_earns_a_long_draft():
+    assert policy_at(curve(0.1), 0.97).k_for("ngram", 64, 64) >= 16
+
+
+def test_a_steep_curve_earns_none():
+    assert policy_at(curve(1.0), 0.97).k_for("ngram", 64, 64) == 0  # each drafted token costs a decode
+
+
+def test_on_this_cpu_a_copy_drafts_nothing_or_long_never_mid_length():
+    for alpha in (0.5, 0.7, 0.8, 0.9, 0.95, 0.97, 0.99, 0.999):
+        k = policy_at(CPU, alpha).k_for("ngram", 64, 64)
+        assert k <= 4 or k >= 15, (alpha, k)
+    assert policy_at(CPU, 0.999).k_for("ngram", 64, 64) >= 31
+    assert policy_at(CPU, 0.6).k_for("ngram", 64, 64) == 0
+
+
+def test_acceptance_is_a_long_run_rate_not_the_last_streak():
+    """A copy that breaks once every 25 tokens is right 96% of the time: one long streak must not read
+    as certainty (it drafted 64 tokens into every edit)."""
+    pol = AdaptivePolicy(CPU, 64)
+    key = ("ngram", 64)
+    for _ in range(20):
+        pol.update(Draft(tokens=[0] * 30, probs=[None] * 30, source="ngram", match_len=64), 24, [])
+    assert 0.93 < pol.alpha[key] < 0.98
+    assert pol.k_for("ngram", 64, 64) < 31
+
+
+def test_the_drafter_follows_a_copy_through_repeated_lines():
+    """The text repeats `A B C` in two places with different continuations; once the answer copies the
+    second place, the drafter stays there instead of jumping to the latest `A B C`."""
+    A, B, C = 1, 2, 3
+    src = [9, A, B, C, 10, 11, 12, 8, A, B, C, 20, 21, 22, 23, 24]
+    d = NgramDrafter(2, 3)
+    seq = list(src) + [8, A, B, C]  # the answer is copying from position 7 on
+    d.begin(seq)
+    first = d.propose(seq, 64, FixedK(64))
+    assert first.tokens[:3] == [20, 21, 22]
+    seq += [20, 21]  # two accepted, then the target's own token equals the copy's next one
+    seq += [22]
+    again = d.propose(seq, 64, FixedK(64))
+    assert again.tokens[:2] == [23, 24] and again.match_len > first.match_len
+
+
+def test_a_prediction_is_drafted_from_the_first_token_and_realigned_after_an_insertion():
+    prediction = list(range(100, 140))
+    d = NgramDrafter(2, 4)
+    seq = [1, 2, 3]  # the prompt
+    d.begin(seq, prediction)
+    first = d.propose(seq, 64, FixedK(64))
+    assert first.tokens == prediction and first.origin == "prediction"
+    seq += prediction[:10] + [7, 7]  # the answer inserts two tokens the prediction does not have...
+    assert d.propose(seq, 64, FixedK(64)).tokens == []  # ...nothing to align with yet
+    seq += prediction[10:13]  # ...then goes on with the prediction
+    again = d.propose(seq, 64, FixedK(64))
+    assert again.tokens == prediction[13:] and again.origin == "prediction"
+
+
+def test_a_prediction_is_realigned_after_a_deletion():
+    prediction = list(range(100, 160))
+    d = NgramDrafter(2, 4)
+    seq = [1, 2, 3]
+    d.begin(seq, prediction)
+    d.propose(seq, 64, FixedK(64))
+    seq += prediction[:20] + prediction[30:33]  # ten predicted tokens left out
+    assert d.propose(seq, 64, FixedK(64)).tokens == prediction[33:]
+
+
+def test_a_prediction_with_repeated_lines_aligns_forward():
+    line = [50, 51, 52]
+    prediction = [1, *line, 60, 2, *line, 70, 3, *line, 80]
+    d = NgramDrafter(2, 3)
+    seq = [0]
+    d.begin(seq, prediction)
+    d.propose(seq, 64, FixedK(64))
+    seq += [1, *line, 60, 2, 99]  # diverges in the second line...
+    d.propose(seq, 64, FixedK(64))
+    seq += [*line]  # ...then repeats the line: the next one in order, not the first nor the last
+    assert d.propose(seq, 64, FixedK(64)).tokens[:2] == [70, 3]
+
+
+def test_a_wrong_prediction_is_cheap_and_stops_being_drafted():
+    """A prediction that is wrong from the start: the prior drafts at most short proposals, the misses
+    bring it to plain decoding within a few rounds, so it costs little against plain (priced on the CPU curve)."""
+    pol = AdaptivePolicy(CPU, 64)
+    cost = 0.0
+    for _ in range(200):
+        k = pol.k_for("ngram", 40, 4, "prediction")
+        cost += CPU.verify(k + 1)
+        pol.update(Draft(tokens=[0] * k, probs=[None] * k, source="ngram", match_len=4, origin="prediction",
+                         shadow=None if k else [0] * 40), 0, [])
+    assert cost <= 1.05 * 200
+
+
+def test_densify_keeps_measured_sizes_and_interpolates_between():
+    tv = densify([1, 2, 4, 8], [1.0, 2.0, 3.0, 7.0])
+    assert tv == pytest.approx([1.0, 2.0, 2.5, 3.0, 4.0, 5.0, 6.0, 7.0])
+
+
+def test_a_curve_that_dips_is_kept_and_only_noise_is_measured_again():
+    assert implausible_pass(CPU.t_verify) is None  # per-token costs fall from 12 to 16: what the CPU does
+    assert implausible_pass([1.0, 1.8, 0.3]) == (3, 1)  # below a single-token decode: noise
+    assert noisy_sizes({("t", 4): [1.0, 1.05, 0.98], ("t", 8): [1.0, 2.0, 1.1]}) == [("t", 8)]
+
+
+def test_beyond_the_curve_a_pass_is_never_cheaper_per_token_than_measured():
+    quick = CostProfile(t_decode=1.0, t_verify=densify([1, 2, 4, 8, 16], [1.0, 1.9, 3.4, 8.4, 11.0]))
+    assert quick.verify(64) >= 11.0 + 48 * (11.0 - 1.0) / 15 - 1e-9
