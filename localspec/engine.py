@@ -222,12 +222,7 @@ class Engine:
         if not self._fill(seq[:-1], stats, cancel, step=CANCEL_STEP):  # reuses a conversation's (or a saved) prefix
             stats.stop_reason = "cancelled"  # during the prompt
             return
-        if self.governor:
-            self.governor.begin_run()
-        if drafter:
-            predicted = m.tokenize(cfg.prediction, add_special=False) if cfg.prediction else None
-            stats.prediction_tokens = len(predicted or ())
-            drafter.begin(seq, predicted)
+        self._begin_rounds(drafter, seq, cfg, stats)
 
         grammar, heal = self._constraint(cfg)
         text = TextStream(cfg.stop, skip=heal)
@@ -267,6 +262,16 @@ class Engine:
         tail = text.flush()
         if tail:
             yield Chunk(tail)
+
+    def _begin_rounds(self, drafter, seq: list[int], cfg: GenConfig, stats: Stats) -> None:
+        """The prompt is in the cache: the governor learns this depth's pass costs, the drafter starts
+        (with the request's predicted output, if any)."""
+        if self.governor:
+            self.governor.begin_run()
+        if drafter:
+            predicted = self.target_model.tokenize(cfg.prediction, add_special=False) if cfg.prediction else None
+            stats.prediction_tokens = len(predicted or ())
+            drafter.begin(seq, predicted)
 
     def _constraint(self, cfg: GenConfig) -> tuple[GrammarConstraint | None, str]:
         """The request's grammar, or the one token healing needs (the output starts with the healed

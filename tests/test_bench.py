@@ -145,11 +145,11 @@ def test_default_settings_are_fixed_model_draft_and_runs_default(tiny, tmp_path)
     assert code == 0, err
     d = json.loads(out)
     # `run`'s default: auto, hybrid, the pair's k for the draft model and a longer cap for n-grams
-    assert [s["label"] for s in d["settings"]] == ["model k=4", "auto hybrid k<=4/8"]
-    assert d["settings"][1] == {"label": "auto hybrid k<=4/8", "spec": "auto", "drafter": "hybrid", "k": 4,
-                                "ngram_k": 8, "p_min": 0.0}
+    assert [s["label"] for s in d["settings"]] == ["model k=4", "auto hybrid k<=4/64"]
+    assert d["settings"][1] == {"label": "auto hybrid k<=4/64", "spec": "auto", "drafter": "hybrid", "k": 4,
+                                "ngram_k": 64, "p_min": 0.0}
     assert [w["workload"] for w in d["workloads"]] == ["custom"]  # only the user's prompts by default
-    assert "--setting on:model:4 --setting auto:hybrid:4/8" in d["command"]
+    assert "--setting on:model:4 --setting auto:hybrid:4/64" in d["command"]
 
 
 def test_auto_reuses_the_stored_profile_unless_retune(tiny, tmp_path, monkeypatch):
@@ -403,7 +403,7 @@ def test_documented_command_runs_and_fills_the_doc_block(tiny, tmp_path):
     text = md.read_text()
     block = text.split("<!-- bench:cpu-default -->")[1].split("<!-- /bench:cpu-default -->")[0]
     assert "To be filled" not in block and "llama-cpp-python 0.3" in block
-    assert "| workload | plain tok/s | model k=1 |" in block and "auto hybrid k<=4/8" in block
+    assert "| workload | plain tok/s | model k=1 |" in block and "auto hybrid k<=4/64" in block
     assert "| docqa |" in block and "[bench/cpu.md](bench/cpu.md)" in block
     gpu = "<!-- bench:gpu-default -->" + original.split("<!-- bench:gpu-default -->")[1].split("<!-- /bench")[0]
     assert gpu in text and len(gpu) > 40  # other blocks untouched
