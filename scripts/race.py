@@ -213,7 +213,7 @@ def summarize(results: list[dict], names: list[str]) -> list[dict]:
 
 
 def print_table(rows: list[dict]) -> None:
-    def f(x, fmt="{:.2f}"):
+    def f(x, fmt="{:.2f}x"):
         return fmt.format(x) if isinstance(x, (int, float)) else "—"
 
     print("| workload | server | tokens | end-to-end tok/s | decode tok/s | e2e / llama | decode / llama | "
@@ -222,8 +222,8 @@ def print_table(rows: list[dict]) -> None:
     for r in rows:
         acc = f"{r['accepted']}/{r['drafted']}" if r["drafted"] else "—"
         print(f"| {r['workload']} | {r['server']} | {r['tokens']} | {f(r['e2e'], '{:.1f}')} | {f(r['decode'], '{:.1f}')} | "
-              f"{f(r.get('e2e_vs_llama'))}x | {f(r.get('decode_vs_llama'))}x | {f(r.get('e2e_vs_llama-spec'))}x | "
-              f"{f(r.get('decode_vs_llama-spec'))}x | {acc} | {r['texts_equal']} |")
+              f"{f(r.get('e2e_vs_llama'))} | {f(r.get('decode_vs_llama'))} | {f(r.get('e2e_vs_llama-spec'))} | "
+              f"{f(r.get('decode_vs_llama-spec'))} | {acc} | {r['texts_equal']} |")
 
 
 def main() -> int:

@@ -144,7 +144,7 @@ def replay(model, home, engine, exact: bool) -> None:
     """llama.vim's pattern (completions while typing, new lines, a jump, warm-ups with new extra context,
     then three completions at once from one slot) against a real server on `model`; `engine` (the same
     model, in this process) mirrors the server's windows and cache to rebuild each prompt and decode it
-    greedily, plain: with `exact`, every suggestion must be that text."""
+    greedily as the server does (n-gram drafts): with `exact`, every suggestion must be that text."""
     srv = ServerProcess(["--target", str(model), "--threads", str(THREADS), "-c", "2048", "--temperature", "0",
                          "--spec", "on", "--drafter", "ngram", "--fim-prefix", str(BUDGET.prefix),
                          "--fim-suffix", str(BUDGET.suffix), "--fim-extra", str(BUDGET.extra)], home)
@@ -155,7 +155,11 @@ def replay(model, home, engine, exact: bool) -> None:
              ("fim", around(40), extra2), ("fim", around(21, "    for"), extra2)]
     ref = EditorWindows(engine.target_model, FimBudget(**{**BUDGET.__dict__, "middle": 256}))
     engine.prompt_cache = PromptCache(engine.target)
-    cfg = GenConfig(temperature=0.0, max_tokens=16, spec="off")
+    # the same decoding as the server's (n-gram drafts, k = 4, earlier answers remembered): each verify pass
+    # then has the same shape in both, so the texts are equal token for token; plain greedy may part from
+    # both at measured near-ties (`localspec verify`), which is not what this replay checks
+    cfg = GenConfig(temperature=0.0, max_tokens=16, spec="on", drafter="ngram", draft_max=4)
+    engine.remember_generations = True
     cfg.stop_tokens = fim_stop_tokens(engine.target_model)
     try:
         with httpx.Client(base_url=srv.url, timeout=300) as c:
