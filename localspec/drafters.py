@@ -15,6 +15,7 @@ proposal, q = one-hot), which is what the speculative accept rule needs.
 
 from __future__ import annotations
 
+from bisect import bisect_left
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -224,7 +225,8 @@ class Prediction:
         for n in range(min(self.n_max, len(seq) - 1), self.n_min - 1, -1):
             places = self.where.get(tuple(seq[-n:]))
             if places:
-                pos = next((p for p in places if p >= self.last), places[-1])
+                i = bisect_left(places, self.last)  # places are in order: the first one at or after the last
+                pos = places[i] if i < len(places) else places[-1]
                 self.last = pos
                 return Follow(self.tokens, pos, len(seq), _extend_match(self.tokens, pos, seq, n, cap), "prediction")
         return None

@@ -31,7 +31,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 import llamacpp_tools  # noqa: E402
 from clients import Recorder, start_proxy  # noqa: E402
-from serverproc import ServerProcess, free_port  # noqa: E402
+from serverproc import ServerProcess  # noqa: E402
 
 TIMEOUT_S = 90.0
 CHAR_S = 0.12  # typing pace
@@ -79,35 +79,6 @@ endfunction
 call timer_start(20, 'BenchProbe', {'repeat': -1})
 autocmd CursorMoved,CursorMovedI * call BenchLog(printf('move %%.3f %%d %%d', reltimefloat(reltime()), line('.'), col('.')))
 """
-
-
-class LlamaServer:
-    def __init__(self, binary: Path, model: str, flags: list[str], log: Path):
-        self.port = free_port()
-        self.log = open(log, "w")
-        self.proc = subprocess.Popen([str(binary), "-m", model, "--host", "127.0.0.1", "--port", str(self.port), *flags],
-                                     stdout=self.log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
-        end = time.monotonic() + 300
-        while time.monotonic() < end:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"llama-server exited ({self.proc.returncode}); see {log}")
-            try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/health", timeout=2) as r:
-                    if r.status == 200:
-                        return
-            except OSError:
-                pass
-            time.sleep(0.2)
-        raise RuntimeError("llama-server did not become ready")
-
-    def stop(self) -> int:
-        self.proc.terminate()
-        try:
-            self.proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-        self.log.close()
-        return self.proc.returncode
 
 
 def tmux(sock: str, *args: str) -> str:
@@ -275,7 +246,7 @@ def main() -> int:
     if a.only != "localspec":
         binary = a.llama_server or llamacpp_tools.build("llama-server")
         flags = ["-ub", "512", "-b", "512", "--ctx-size", "0", "--cache-reuse", "256"]  # llama.vim's CPU advice
-        srv = LlamaServer(binary, target, flags, work / "llama-server.log")
+        srv = llamacpp_tools.LlamaServer(binary, target, flags, work / "llama-server.log")
         results.append(run_one("llama-server " + " ".join(flags), srv.port, a.llama_vim, work, srv.stop))
     print_table(results)
     if a.json:

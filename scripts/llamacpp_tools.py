@@ -11,6 +11,8 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import time
+import urllib.request
 from pathlib import Path
 
 CACHE = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "localspec"
@@ -43,3 +45,36 @@ def build(target: str, backend: str = "cpu") -> Path:
     subprocess.run(["cmake", "--build", "build", "--target", target, "-j", str(os.cpu_count() or 2)],
                    cwd=out, check=True, stdout=subprocess.DEVNULL)
     return binary
+
+
+class LlamaServer:
+    """llama-server on a free loopback port, ready when its /health says so."""
+
+    def __init__(self, binary: Path, model: str, flags: list[str], log: Path):
+        from serverproc import free_port  # tests/, on the path of every script that starts servers
+
+        self.port = free_port()
+        self.log = open(log, "w")
+        self.proc = subprocess.Popen([str(binary), "-m", model, "--host", "127.0.0.1", "--port", str(self.port), *flags],
+                                     stdout=self.log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+        end = time.monotonic() + 300
+        while time.monotonic() < end:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"llama-server exited ({self.proc.returncode}); see {log}")
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/health", timeout=2) as r:
+                    if r.status == 200:
+                        return
+            except OSError:
+                pass
+            time.sleep(0.2)
+        raise RuntimeError("llama-server did not become ready")
+
+    def stop(self) -> int:
+        self.proc.terminate()
+        try:
+            self.proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+        self.log.close()
+        return self.proc.returncode

@@ -28,8 +28,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import socket
-import statistics
 import subprocess
 import sys
 import sysconfig
@@ -37,9 +35,13 @@ import tempfile
 import time
 import urllib.error
 import urllib.request
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+import llamacpp_tools  # noqa: E402
 
 STDLIB = Path(sysconfig.get_paths()["stdlib"])
 EDIT_FILES = [("bisect.py", "Rename the parameter `hi` to `upper` everywhere in this module (signatures, docstrings "
@@ -93,32 +95,13 @@ def workloads(names: list[str], quick: bool) -> list[tuple[str, dict]]:
     return out
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-class Server:
-    def __init__(self, name: str, argv: list[str], port: int, log: Path, env: dict | None = None):
-        self.name, self.port, self.log_path = name, port, log
-        self.log = open(log, "w")
-        self.proc = subprocess.Popen(argv, stdout=self.log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                     env=env)
-
-    def wait_ready(self, timeout: float = 600) -> None:
-        end = time.monotonic() + timeout
-        while time.monotonic() < end:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"{self.name} exited ({self.proc.returncode}); see {self.log_path}")
-            try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/health", timeout=2) as r:
-                    if r.status == 200:
-                        return
-            except OSError:
-                pass
-            time.sleep(0.3)
-        raise RuntimeError(f"{self.name} did not become ready; see {self.log_path}")
+@dataclass
+class Entrant:
+    """One server in the race: its name, loopback port, process, and how to stop it."""
+    name: str
+    port: int
+    proc: subprocess.Popen
+    stop: Callable[[], object]
 
     def cpu_s(self) -> float:
         """CPU seconds used so far by the server process (its threads included)."""
@@ -141,16 +124,8 @@ class Server:
                 "draft_n_accepted": t.get("draft_n_accepted", 0),
                 "accepted_prediction_tokens": usage.get("completion_tokens_details", {}).get("accepted_prediction_tokens")}
 
-    def stop(self) -> None:
-        self.proc.terminate()
-        try:
-            self.proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-        self.log.close()
 
-
-def wait_quiet(servers: list[Server], quiet_s: float, gap_s: float, limit_s: float = 120) -> None:
+def wait_quiet(servers: list[Entrant], quiet_s: float, gap_s: float, limit_s: float = 120) -> None:
     """Sleep gap_s, then until no server has used CPU for quiet_s (their idle work done), at most limit_s."""
     time.sleep(gap_s)
     end = time.monotonic() + limit_s
@@ -161,29 +136,21 @@ def wait_quiet(servers: list[Server], quiet_s: float, gap_s: float, limit_s: flo
             return
 
 
-def start_servers(names: list[str], work: Path, llama_server: Path | None) -> list[Server]:
+def start_servers(names: list[str], work: Path, llama_server: Path | None) -> list[Entrant]:
     from localspec import models
+    from serverproc import ServerProcess
 
     pair = models.resolve_pair()
-    target, draft = str(pair.target_path), str(pair.draft_path)
-    root = Path(__file__).resolve().parent.parent
-    flags = {"llama": [], "llama-spec": ["--spec-default"], "llama-draft": ["-md", draft]}
+    flags = {"llama": [], "llama-spec": ["--spec-default"], "llama-draft": ["-md", str(pair.draft_path)]}
     servers = []
     for name in names:
-        port = free_port()
-        if name == "localspec":
-            env = dict(os.environ, LOCALSPEC_HOME=os.environ.get("LOCALSPEC_HOME") or str(work / "home"))
-            argv = [str(root / ".venv" / "bin" / "localspec"), "serve", "--port", str(port)]
-            servers.append(Server(name, argv, port, work / f"{name}.log", env))
+        if name == "localspec":  # its defaults, on a data root of its own unless LOCALSPEC_HOME names one
+            srv = ServerProcess([], Path(os.environ.get("LOCALSPEC_HOME") or work / "home"), wait=False)
+            srv.wait_ready(timeout=600)
         else:
-            if llama_server is None:
-                import llamacpp_tools
-
-                llama_server = llamacpp_tools.build("llama-server")
-            argv = [str(llama_server), "-m", target, "--host", "127.0.0.1", "--port", str(port), *flags[name]]
-            servers.append(Server(name, argv, port, work / f"{name}.log"))
-    for s in servers:
-        s.wait_ready()
+            llama_server = llama_server or llamacpp_tools.build("llama-server")
+            srv = llamacpp_tools.LlamaServer(llama_server, str(pair.target_path), flags[name], work / f"{name}.log")
+        servers.append(Entrant(name, srv.port, srv.proc, srv.stop))
     return servers
 
 
