@@ -237,7 +237,7 @@ class Engine:
                 piece = text.push(m.piece(tok))
                 yield Chunk(piece, tok, src)
                 if text.stopped:
-                    stats.stop_reason = "stop"
+                    stats.stop_reason, stats.stop_word = "stop", text.stop_word
                     break
                 if stats.tokens >= cfg.max_tokens:
                     stats.stop_reason = "length"

@@ -26,6 +26,7 @@ class Stats:
     generation_s: float = 0.0  # wall time from the first round to the end
     decode_s: float = 0.0  # time inside llama_decode (target + draft), generation and prefill
     stop_reason: str = ""  # "eos" | "length" | "stop" | "cancelled" | "context"
+    stop_word: str = ""  # the stop string that ended the answer (stop_reason "stop")
     spec_mode: str = ""  # "on" | "off" | "auto"
     policy: str = ""  # how k was chosen (for the record)
     threads: int = 0  # decode threads at the end of the run

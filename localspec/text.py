@@ -19,6 +19,7 @@ class TextStream:
         self._decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
         self._pending = ""  # decoded, not yet emitted (could be a stop-string prefix)
         self.stopped = False
+        self.stop_word = ""  # the stop string that ended the text
         self.text = ""  # everything emitted so far
 
     def push(self, piece: bytes) -> str:
@@ -40,9 +41,10 @@ class TextStream:
 
     def _release(self, final: bool) -> str:
         if self.stop:
-            hits = [i for i in (self._pending.find(s) for s in self.stop) if i >= 0]
+            hits = [(i, s) for i, s in ((self._pending.find(s), s) for s in self.stop) if i >= 0]
             if hits:
-                out = self._pending[:min(hits)]
+                at, self.stop_word = min(hits)
+                out = self._pending[:at]
                 self._pending = ""
                 self.stopped = True
                 self.text += out

@@ -435,6 +435,21 @@ def completion_prompt(body: dict) -> str | list[int]:
     raise ApiError(400, '"prompt" must be a string or a list of token ids (one prompt per request)')
 
 
+def completion_tokens(body: dict):
+    """engine -> the prompt's tokens for `prompt` (text, tokenized with the BOS, or token ids)."""
+    prompt = completion_prompt(body)
+    parse_special = boolean(body, "parse_special", True)  # localspec's: False reads "<|x|>" as plain text
+
+    def tokens(engine) -> list[int]:
+        m = engine.target_model
+        if isinstance(prompt, str):
+            return m.tokenize(prompt, add_special=True, parse_special=parse_special)
+        if any(t < 0 or t >= m.n_vocab for t in prompt):
+            raise ApiError(400, f'"prompt" has a token id outside the vocabulary (0..{m.n_vocab - 1})')
+        return prompt
+    return tokens
+
+
 def pick_fields(obj: dict, paths: list[str]) -> dict:
     """llama-server's `response_fields`: {"timings/prompt_n": ..., "content": ...}, flat, paths that
     exist only."""

@@ -6,20 +6,11 @@ Every response that generated text carries llama.cpp's `timings` (with `draft_n`
 
 from __future__ import annotations
 
-import json
 import time
 import uuid
 
 FINISH = {"eos": "stop", "stop": "stop"}  # anything else (length, context, limit) -> "length"
 STOP_TYPE = {"eos": "eos", "stop": "word"}  # anything else -> "limit"
-
-
-def dumps(obj) -> str:
-    return json.dumps(obj, ensure_ascii=False, separators=(",", ":"))
-
-
-def sse(obj) -> str:
-    return f"data: {dumps(obj)}\n\n"
 
 
 def new_id(prefix: str) -> str:
@@ -115,13 +106,12 @@ def oai_completion(obj_id: str, model: str, text: str | None, st=None, finish: s
     return out
 
 
-def oai_chat(obj_id: str, model: str, text: str, st, tool_calls: list | None = None) -> dict:
+def oai_chat(obj_id: str, model: str, text: str, st, tool_calls: list, finish: str) -> dict:
     out = _oai_head(obj_id, model, "chat.completion")
     message = {"role": "assistant", "content": text or (None if tool_calls else text)}
     if tool_calls:
         message["tool_calls"] = tool_calls
-    out["choices"] = [{"index": 0, "finish_reason": "tool_calls" if tool_calls else finish_reason(st),
-                       "message": message}]
+    out["choices"] = [{"index": 0, "finish_reason": finish, "message": message}]
     out.update(usage=usage(st), timings=timings(st), localspec=localspec_stats(st))
     return out
 

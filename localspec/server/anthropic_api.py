@@ -1,0 +1,219 @@
+"""Anthropic's Messages API (what Claude Code and the `anthropic` SDKs speak): POST /v1/messages,
+streamed as Anthropic's named SSE events, /v1/messages/count_tokens, errors in Anthropic's shape.
+
+The request becomes the internal `ChatRequest` (tool_use and tool_result blocks become the chat
+template's tool calls and tool messages, as llama-server converts them); the events come back as
+text and tool_use content blocks. `thinking` and `metadata` are accepted and ignored (the model has no
+thinking mode); images and documents are refused with a 400 that says so.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+
+from ..engine import Message
+from . import shapes
+from .chat import END, LENGTH, STOP_SEQUENCE, TOOL_CALLS, ChatRequest, End, Text, open_chat, prompt_size
+from .http import ServerState, read_body, stream
+from .protocol import ApiError, gen_settings, integer
+from .tools import tool_request
+
+STOP_REASON = {END: "end_turn", STOP_SEQUENCE: "stop_sequence", LENGTH: "max_tokens", TOOL_CALLS: "tool_use"}
+ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
+               404: "not_found_error", 413: "request_too_large", 429: "rate_limit_error", 503: "overloaded_error"}
+SETTINGS = ("temperature", "top_p", "top_k", "stream", "spec", "drafter", "speculative", "seed")  # passed through
+
+
+def errors(e: ApiError) -> dict:
+    return {"type": "error", "error": {"type": ERROR_TYPES.get(e.status, "api_error"), "message": e.message}}
+
+
+ERRORS = errors
+
+
+def frame(obj: dict) -> str:
+    """Anthropic's SSE: each event named by its type."""
+    return f"event: {obj.get('type', 'error')}\ndata: {json.dumps(obj, ensure_ascii=False, separators=(',', ':'))}\n\n"
+
+
+# --- request in ----------------------------------------------------------------------------------
+def _text_of(blocks, where: str) -> str:
+    """A string, or text blocks joined (cache_control and citations ignored)."""
+    if isinstance(blocks, str):
+        return blocks
+    if not isinstance(blocks, list):
+        raise ApiError(400, f"{where} must be a string or a list of content blocks")
+    parts = []
+    for i, b in enumerate(blocks):
+        kind = b.get("type") if isinstance(b, dict) else None
+        if kind == "text" and isinstance(b.get("text"), str):
+            parts.append(b["text"])
+        elif kind not in ("thinking", "redacted_thinking"):  # a model without thinking: earlier thoughts dropped
+            raise ApiError(400, f"{where}[{i}]: {kind or 'a block without a type'} blocks are not supported "
+                                "here (text, tool_use and tool_result are)")
+    return "".join(parts)
+
+
+def _turn(m, i: int) -> list[Message]:
+    if not isinstance(m, dict) or m.get("role") not in ("user", "assistant"):
+        raise ApiError(400, f'messages.{i}: each message needs "role": "user" or "assistant"')
+    content, where = m.get("content"), f"messages.{i}.content"
+    if isinstance(content, str):
+        return [Message(m["role"], content)]
+    if not isinstance(content, list):
+        raise ApiError(400, f"{where} must be a string or a list of content blocks")
+    out, texts, calls = [], [], []
+    for j, b in enumerate(content):
+        kind = b.get("type") if isinstance(b, dict) else None
+        if kind == "tool_result" and m["role"] == "user":
+            if not isinstance(b.get("tool_use_id"), str):
+                raise ApiError(400, f'{where}.{j}: a tool_result needs its "tool_use_id"')
+            result = _text_of(b.get("content") or "", f"{where}.{j}.content")
+            if b.get("is_error"):
+                result = f"Error: {result}"
+            out.append(Message("tool", result, {"tool_call_id": b["tool_use_id"]}))
+        elif kind == "tool_use" and m["role"] == "assistant":
+            if not isinstance(b.get("name"), str) or not isinstance(b.get("input", {}), dict):
+                raise ApiError(400, f'{where}.{j}: a tool_use needs a "name" and an "input" object')
+            calls.append({"id": b.get("id") or "", "type": "function",
+                          "function": {"name": b["name"], "arguments": b.get("input") or {}}})
+        else:
+            texts.append(_text_of([b], where))
+    if texts or calls or not out:
+        out.append(Message(m["role"], "".join(texts), {"tool_calls": calls} if calls else None))
+    return out
+
+
+def _tools(body: dict):
+    """Anthropic tools ({name, description, input_schema}) and tool_choice as the internal tool request."""
+    tools = body.get("tools")
+    if not tools:
+        return None
+    if not isinstance(tools, list):
+        raise ApiError(400, '"tools" must be a list of {"name", "description", "input_schema"} objects')
+    fns = []
+    for i, t in enumerate(tools):
+        if not isinstance(t, dict) or t.get("type", "custom") != "custom":
+            kind = t.get("type") if isinstance(t, dict) else None
+            raise ApiError(400, f"tools.{i}: server tools ({kind}) are not supported here; give client tools "
+                                '{"name", "description", "input_schema"}')
+        if not isinstance(t.get("name"), str) or not isinstance(t.get("input_schema", {}), dict):
+            raise ApiError(400, f'tools.{i} needs a "name" and an "input_schema" object')
+        fns.append({"type": "function", "function": {"name": t["name"], "description": t.get("description", ""),
+                                                     "parameters": t.get("input_schema") or {"type": "object"}}})
+    choice = body.get("tool_choice") or {"type": "auto"}
+    if not isinstance(choice, dict) or choice.get("type") not in ("auto", "any", "tool", "none"):
+        raise ApiError(400, '"tool_choice" must be {"type": "auto" | "any" | "tool" | "none"}')
+    kind = choice["type"]
+    oai_choice = {"auto": "auto", "any": "required", "none": "none"}.get(kind) or \
+        {"type": "function", "function": {"name": choice.get("name")}}
+    return tool_request({"tools": fns, "tool_choice": oai_choice,
+                         "parallel_tool_calls": not choice.get("disable_parallel_tool_use", False)})
+
+
+def chat_request(body: dict, state: ServerState, need_max_tokens: bool = True) -> ChatRequest:
+    if need_max_tokens and integer(body, "max_tokens", 1) is None:
+        raise ApiError(400, '"max_tokens" is required (a whole number, 1 or more)')
+    msgs = body.get("messages")
+    if not isinstance(msgs, list) or not msgs:
+        raise ApiError(400, '"messages" must be a non-empty list of {"role", "content"} objects')
+    stops = body.get("stop_sequences")
+    if stops is not None and not (isinstance(stops, list) and all(isinstance(s, str) for s in stops)):
+        raise ApiError(400, '"stop_sequences" must be a list of strings')
+    settings = {k: body[k] for k in SETTINGS if k in body}
+    cfg, extras = gen_settings({**settings, "max_tokens": body.get("max_tokens"), "stop": stops},
+                               state.server.session.gen, oai=True)
+    turns = []
+    if body.get("system"):
+        turns.append(Message("system", _text_of(body["system"], "system")))
+    for i, m in enumerate(msgs):
+        turns += _turn(m, i)
+    return ChatRequest(cfg, extras, turns, _tools(body))
+
+
+# --- events out ------------------------------------------------------------------------------------
+def _usage(st, prompt_len: int | None = None) -> dict:
+    if st is None:
+        return {"input_tokens": prompt_len, "output_tokens": 0, "cache_creation_input_tokens": 0,
+                "cache_read_input_tokens": 0}
+    return {"input_tokens": st.prompt_eval_tokens, "output_tokens": st.tokens, "cache_creation_input_tokens": 0,
+            "cache_read_input_tokens": st.prompt_tokens - st.prompt_eval_tokens}
+
+
+def _message(msg_id: str, model: str, content: list, end: End | None, prompt_len: int) -> dict:
+    st = end.stats if end else None
+    out = {"id": msg_id, "type": "message", "role": "assistant", "model": model, "content": content,
+           "stop_reason": STOP_REASON[end.reason] if end else None,
+           "stop_sequence": end.stop_word if end and end.reason == STOP_SEQUENCE else None,
+           "usage": _usage(st, prompt_len)}
+    if st is not None:  # speculation's figures, beside Anthropic's own fields
+        out.update(timings=shapes.timings(st), localspec=shapes.localspec_stats(st))
+    return out
+
+
+def tool_use_block(call: dict) -> dict:
+    args = call["function"]["arguments"]
+    try:
+        data = json.loads(args) if isinstance(args, str) else args
+    except ValueError:
+        data = {}
+    return {"type": "tool_use", "id": "toolu_" + call["id"].removeprefix("call_"), "name": call["function"]["name"],
+            "input": data if isinstance(data, dict) else {"value": data}}
+
+
+async def messages(request: Request, state: ServerState) -> Response:
+    body = await read_body(request)
+    run = await open_chat(request, state, chat_request(body, state))
+    msg_id, model = f"msg_{uuid.uuid4().hex[:24]}", body.get("model") or state.model_id
+    if not run.chat.extras.stream:
+        a = await run.answer(request)
+        content = ([{"type": "text", "text": a.content}] if a.content or not a.calls else [])
+        content += [tool_use_block(c) for c in a.calls]
+        return JSONResponse(_message(msg_id, model, content, a.end, run.prompt_len))
+
+    async def events():
+        yield {"type": "message_start", "message": _message(msg_id, model, [], None, run.prompt_len)}
+        yield {"type": "ping"}
+        index, text_open = 0, False
+        async for ev in run.events():
+            if isinstance(ev, Text):
+                if not text_open:
+                    yield {"type": "content_block_start", "index": index, "content_block": {"type": "text", "text": ""}}
+                    text_open = True
+                yield {"type": "content_block_delta", "index": index, "delta": {"type": "text_delta", "text": ev.text}}
+                continue
+            if text_open:
+                yield {"type": "content_block_stop", "index": index}
+                index, text_open = index + 1, False
+            if isinstance(ev, End):
+                yield {"type": "message_delta",
+                       "delta": {"stop_reason": STOP_REASON[ev.reason],
+                                 "stop_sequence": ev.stop_word if ev.reason == STOP_SEQUENCE else None},
+                       "usage": _usage(ev.stats), "timings": shapes.timings(ev.stats),
+                       "localspec": shapes.localspec_stats(ev.stats)}
+                yield {"type": "message_stop"}
+                return
+            block = tool_use_block(ev.call)
+            yield {"type": "content_block_start", "index": index, "content_block": {**block, "input": {}}}
+            yield {"type": "content_block_delta", "index": index,
+                   "delta": {"type": "input_json_delta", "partial_json": json.dumps(block["input"], ensure_ascii=False)}}
+            yield {"type": "content_block_stop", "index": index}
+            index += 1
+    return stream(run.run, events(), frame=frame, errors=errors)
+
+
+async def count_tokens(request: Request, state: ServerState) -> Response:
+    body = await read_body(request)
+    chat = chat_request(body, state, need_max_tokens=False)
+    engine = state.server.engine
+    tools = chat.tools.tools if chat.tools else None
+    return JSONResponse({"input_tokens": await prompt_size(engine, chat.messages, tools)})
+
+
+ROUTES = [
+    ("/v1/messages", messages, ["POST"]), ("/v1/messages/count_tokens", count_tokens, ["POST"]),
+]

@@ -1,0 +1,134 @@
+"""The one internal chat request and the one event stream every protocol translates to and from.
+
+A protocol module turns its request body into a `ChatRequest` (a conversation or a prompt of its own,
+tools, generation settings) and the events of `ChatRun` (`Text`, `ToolCall`, `End`) into its own JSON
+or stream: OpenAI chat completions, Anthropic Messages, OpenAI Responses and Ollama's API share the
+same engine, speculation, tools, constraints, prompt cache and stats underneath.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass, field
+from typing import Callable
+
+from starlette.requests import Request
+
+from ..config import GenConfig
+from ..engine import Message
+from ..errors import LocalspecError
+from .http import Run, ServerState
+from .protocol import ApiError, Extras
+from .tools import CallStream, ToolRequest, call_grammar, require_tools_template, split_calls
+
+# Why an answer ended, in the internal terms each protocol names its own way
+END, STOP_SEQUENCE, LENGTH, TOOL_CALLS = "end", "stop_sequence", "length", "tool_calls"
+
+
+@dataclass
+class ChatRequest:
+    cfg: GenConfig
+    extras: Extras
+    messages: list[Message] = field(default_factory=list)
+    tools: ToolRequest | None = None
+    prompt: Callable[[object], list[int]] | None = None  # engine -> tokens: a prompt that is not a conversation
+    slot: str | None = None  # an editor slot (a newer request from it supersedes this one)
+
+
+@dataclass
+class Text:
+    text: str
+
+
+@dataclass
+class ToolCall:
+    index: int
+    call: dict  # OpenAI's {"id", "type": "function", "function": {"name", "arguments": JSON text}}
+
+
+@dataclass
+class End:
+    stats: object  # the engine's Stats
+    reason: str  # END | STOP_SEQUENCE | LENGTH | TOOL_CALLS
+    stop_word: str | None = None
+
+
+@dataclass
+class Answer:
+    """A whole (non-streamed) answer."""
+    content: str
+    calls: list[dict]
+    end: End
+
+
+def end_of(stats, calls: list) -> End:
+    if calls:
+        return End(stats, TOOL_CALLS)
+    if stats.stop_reason == "stop":
+        return End(stats, STOP_SEQUENCE, getattr(stats, "stop_word", None))
+    return End(stats, END if stats.stop_reason == "eos" else LENGTH)
+
+
+class ChatRun:
+    def __init__(self, run: Run, chat: ChatRequest, prompt_len: int):
+        self.run, self.chat, self.prompt_len = run, chat, prompt_len
+
+    async def events(self, request: Request | None = None):
+        """Text as it is confirmed, each tool call whole once its block closes, then the End."""
+        tools = self.chat.tools
+        calls = CallStream(tools.names) if tools else None
+        n = 0
+        async for piece in self.run.texts(request):
+            if calls is None:
+                yield Text(piece)
+                continue
+            content, new = calls.feed(piece)
+            if content:
+                yield Text(content)
+            for c in new:
+                yield ToolCall(n, c)
+                n += 1
+        if calls is not None:
+            content, new = calls.finish()
+            if content:
+                yield Text(content)
+            for c in new:
+                yield ToolCall(n, c)
+                n += 1
+        yield end_of(self.run.stats, calls.calls if calls else [])
+
+    async def answer(self, request: Request) -> Answer:
+        text, stats = await self.run.collect(request)
+        content, calls = split_calls(text, self.chat.tools.names) if self.chat.tools else (text, [])
+        return Answer(content, calls, end_of(stats, calls))
+
+
+def _prepare(state: ServerState, chat: ChatRequest):
+    if chat.prompt is not None:
+        return lambda engine: (chat.prompt(engine), chat.cfg)
+    turns = list(chat.messages)
+    system = state.server.session.system  # `serve --system`: for conversations that bring none
+    if system and not any(m.role == "system" for m in turns):
+        turns.insert(0, Message("system", system))
+    tools = chat.tools.tools if chat.tools else None
+    return lambda engine: (engine.prompt_tokens(turns, tools=tools), chat.cfg)
+
+
+async def open_chat(request: Request, state: ServerState, chat: ChatRequest) -> ChatRun:
+    """Queue the request; returns once its prompt is accepted (an error before any text raises)."""
+    if chat.tools is not None:
+        require_tools_template(state.server.engine.chat_template())
+        forced = call_grammar(chat.tools)
+        if forced and chat.cfg.grammar:
+            raise ApiError(400, "a required tool call and a structured output format cannot both shape one answer")
+        chat.cfg.grammar = forced or chat.cfg.grammar
+    run = Run(state, _prepare(state, chat), chat.extras, slot=chat.slot)
+    return ChatRun(run, chat, await run.start(request))
+
+
+async def prompt_size(engine, messages: list[Message], tools: list | None) -> int:
+    """How many tokens a conversation takes as a prompt (the count_tokens endpoints), off the event loop."""
+    try:
+        return len(await asyncio.to_thread(engine.prompt_tokens, messages, False, tools))
+    except LocalspecError as e:
+        raise ApiError(400, str(e))

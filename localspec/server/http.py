@@ -1,0 +1,173 @@
+"""What every protocol's handlers share: the server's state, authentication and the loading state,
+errors in the protocol's own shape, JSON bodies, a queued generation seen from the event loop, and
+streamed responses. Protocol modules build on this and on `chat`; none imports another.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from dataclasses import dataclass, field
+from typing import Callable
+
+from starlette.requests import Request
+from starlette.responses import Response, StreamingResponse
+
+from .guard import MAX_BODY_BYTES, require_json_body
+from .protocol import ApiError, Extras, log_unexpected, parse_json, requested_model
+from .worker import Job, ServerSession
+
+# no API key needed, as in llama-server (health, the model list) and Ollama (its liveness answer)
+PUBLIC = {"/", "/health", "/v1/health", "/models", "/v1/models", "/api/version"}
+POLL_S = 0.25  # how often a waiting non-streamed request checks that its client is still there
+BIG_BODY_BYTES = 256 << 10  # parsed off the event loop above this, so /health and streams never stall
+
+ErrorShape = Callable[[ApiError], dict]  # a protocol's error body
+
+
+@dataclass
+class ServerState:
+    api_key: str | None = None
+    server: ServerSession | None = None  # None while loading
+    model_id: str = "localspec"
+    aliases: set[str] = field(default_factory=set)
+    load_error: str | None = None
+
+
+def openai_error(e: ApiError) -> dict:
+    return e.body()
+
+
+def error_response(e: ApiError, shape: ErrorShape = openai_error) -> Response:
+    # ASCII-escaped: a message may quote what the client sent, lone surrogates included
+    return Response(json.dumps(shape(e)), status_code=e.status, media_type="application/json")
+
+
+def endpoint(handler, needs_model: bool = True, errors: ErrorShape = openai_error):
+    """Authentication, the loading state and errors, the same for every route: an ApiError is its
+    JSON in the protocol's shape; anything else is one line in the log and a 500, never a traceback."""
+    async def wrapped(request: Request) -> Response:
+        state: ServerState = request.app.state.localspec
+        try:
+            if state.api_key and request.url.path not in PUBLIC and not _authorized(request, state.api_key):
+                raise ApiError(401, "Invalid API Key")
+            if needs_model:
+                require_serving(state)
+            return await handler(request, state)
+        except ApiError as e:
+            return error_response(e, errors)
+        except Exception as e:
+            log_unexpected(f"{request.method} {request.url.path}", e)
+            return error_response(ApiError(500, "the server failed on this request; see its log"), errors)
+    return wrapped
+
+
+def require_serving(state: ServerState) -> None:
+    """503 unless the pair is loaded and its generation thread takes work."""
+    if state.server is None:
+        raise ApiError(503, state.load_error or "Loading model")
+    if state.server.closing:
+        raise ApiError(503, "the server is shutting down")
+    if not state.server.alive:
+        raise ApiError(503, "the generation thread has stopped; restart the server (its log says why)")
+
+
+def _authorized(request: Request, key: str) -> bool:
+    """A bearer key (OpenAI clients) or `x-api-key` (Anthropic's clients)."""
+    got = request.headers.get("authorization") or request.headers.get("x-api-key") or ""
+    return (got[7:] if got.startswith("Bearer ") else got) == key
+
+
+async def read_json(request: Request) -> dict:
+    """The body as a JSON object: JSON content only, at most MAX_BODY_BYTES, parsed in a thread when big."""
+    refused = require_json_body(request.headers.get("content-type"))
+    if refused:
+        raise ApiError(415, refused, "invalid_request_error")
+    chunks, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > MAX_BODY_BYTES:
+            raise ApiError(413, f"the request body is over {MAX_BODY_BYTES} bytes, the most this server takes")
+        chunks.append(chunk)
+    raw = b"".join(chunks)
+    return await asyncio.to_thread(parse_json, raw) if size > BIG_BODY_BYTES else parse_json(raw)
+
+
+async def read_body(request: Request) -> dict:
+    """A generation request's body; any model name is served by the one pair (replies name the served one)."""
+    body = await read_json(request)
+    requested_model(body)
+    return body
+
+
+class Run:
+    """One queued job seen from the event loop: its events arrive on an asyncio queue."""
+
+    def __init__(self, state: ServerState, prepare, extras: Extras, background: bool = False, slot: str | None = None):
+        loop = asyncio.get_running_loop()
+        self.events: asyncio.Queue = asyncio.Queue()
+
+        def emit(item) -> None:
+            try:
+                loop.call_soon_threadsafe(self.events.put_nowait, item)
+            except RuntimeError:  # the event loop has closed (shutdown)
+                pass
+
+        self.job = Job(prepare, extras, emit, background=background, slot=slot)
+        self.stats = None  # the engine's Stats, once done
+        state.server.submit(self.job)
+
+    async def next(self, request: Request | None = None):
+        """The next event; a non-streamed request that lost its client cancels its job."""
+        while True:
+            try:
+                return await asyncio.wait_for(self.events.get(), POLL_S)
+            except asyncio.TimeoutError:
+                if request is not None and await request.is_disconnected():
+                    self.job.cancel.set()
+                    raise ApiError(499, "client closed the request")
+
+    async def start(self, request: Request) -> int:
+        kind, value = await self.next(request)
+        if kind == "error":
+            raise value
+        return value  # prompt length
+
+    async def texts(self, request: Request | None = None):
+        """The answer's text pieces until the end (then `self.stats` is set); an error event raises."""
+        while True:
+            kind, value = await self.next(request)
+            if kind == "text":
+                yield value
+            elif kind == "error":
+                raise value
+            else:
+                self.stats = value
+                return
+
+    async def collect(self, request: Request):
+        parts = [t async for t in self.texts(request)]
+        return "".join(parts), self.stats
+
+
+def sse(obj) -> str:
+    return f"data: {json.dumps(obj, ensure_ascii=False, separators=(',', ':'))}\n\n"
+
+
+def stream(run: Run, events, media_type: str = "text/event-stream", frame=sse, errors: ErrorShape = openai_error):
+    """A streamed response from an async generator of objects (framed by `frame`; a str passes as it is);
+    an error ends the stream with an error object in the protocol's shape, never silently; a hang-up (or
+    any end) cancels the job."""
+    async def body():
+        try:
+            async for obj in events:
+                yield obj if isinstance(obj, str) else frame(obj)
+        except ApiError as e:
+            yield frame(errors(e))
+        except Exception as e:
+            log_unexpected("a stream", e)
+            yield frame(errors(ApiError(500, "the server failed while streaming; see its log")))
+        finally:
+            run.job.cancel.set()
+    return StreamingResponse(body(), media_type=media_type,
+                             headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})

@@ -1,0 +1,151 @@
+"""llama-server's own endpoints: /completion and /infill (its native shape, streamed without [DONE]),
+/health, /props, /tokenize, /detokenize and /metrics."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+from starlette.requests import Request
+from starlette.responses import JSONResponse, PlainTextResponse, Response
+
+from ..backend import common_prefix
+from ..fim import FimUnsupported, fim_stop_tokens, infill_tokens, require_fim
+from . import shapes
+from .http import Run, ServerState, read_body, read_json, require_serving, stream
+from .infill import check_infill_body
+from .protocol import ApiError, Extras, boolean, completion_tokens, gen_settings, pick_fields, string
+
+
+async def _native(request: Request, state: ServerState, run: Run, cfg, extras: Extras) -> Response:
+    prompt_len = await run.start(request)
+    if not extras.stream:
+        text, st = await run.collect(request)
+        out = shapes.native_final(text, st, state.model_id, cfg)
+        return JSONResponse(pick_fields(out, extras.response_fields) if extras.response_fields else out)
+
+    async def events():
+        n = 0
+        async for text in run.texts():
+            n += 1
+            yield shapes.native_partial(text, n, prompt_len)
+        yield shapes.native_final("", run.stats, state.model_id, cfg)
+    return stream(run, events())
+
+
+async def completion(request: Request, state: ServerState) -> Response:
+    body = await read_body(request)
+    cfg, extras = gen_settings(body, state.server.session.gen, oai=False)
+    tokens = completion_tokens(body)
+    return await _native(request, state, Run(state, lambda engine: (tokens(engine), cfg), extras), cfg, extras)
+
+
+def infill_prompt(state: ServerState, body: dict, cfg):
+    """engine -> the FIM prompt for an editor's request (`extra` checked), setting cfg.heal."""
+    extra = check_infill_body(body)
+    windows = state.server.fim
+    warmup = cfg.max_tokens == 0
+
+    def tokens(engine) -> list[int]:
+        if windows is None:  # --fim-layout llama-server
+            n_ctx = engine.target.n_ctx
+            n_predict = cfg.max_tokens if cfg.max_tokens < n_ctx else 0  # unlimited: no room set aside
+            return infill_tokens(engine.target_model, body, extra, n_ctx, n_predict)
+        if warmup and not (body["input_prefix"] or body["input_suffix"] or body.get("prompt")):
+            return windows.warmup_prompt(extra)  # an editor's new extra context, evaluated in the background
+        cache = engine.prompt_cache
+        cached = cache.prefix_len if cache else lambda toks: common_prefix(engine.target.tokens, toks)
+        prompt, cfg.heal = windows.completion_prompt(body, extra, cached)
+        return prompt
+    return tokens
+
+
+def require_infill(state: ServerState) -> None:
+    try:
+        require_fim(state.server.model.fim_tokens())
+    except FimUnsupported as e:
+        raise ApiError(501, str(e))
+
+
+async def infill(request: Request, state: ServerState) -> Response:
+    require_infill(state)
+    body = await read_body(request)
+    cfg, extras = gen_settings(body, state.server.session.gen, oai=False)
+    cfg.stop_tokens = fim_stop_tokens(state.server.model)
+    tokens = infill_prompt(state, body, cfg)
+    warmup = cfg.max_tokens == 0
+    slot = None if warmup else f"infill/{body.get('id_slot', -1)}"
+    run = Run(state, lambda engine: (tokens(engine), cfg), extras, background=warmup, slot=slot)
+    return await _native(request, state, run, cfg, extras)
+
+
+async def health(request: Request, state: ServerState) -> Response:
+    require_serving(state)  # the truth: 503 while loading, shutting down, or unable to generate
+    return JSONResponse({"status": "ok"})
+
+
+async def props(request: Request, state: ServerState) -> Response:
+    srv = state.server
+    sess, m = srv.session, srv.model
+    return JSONResponse({
+        "default_generation_settings": {"params": shapes.generation_settings(sess.gen),
+                                        "n_ctx": srv.engine.target.n_ctx},
+        "total_slots": 1, "model_alias": state.model_id, "model_path": str(m.path),
+        "modalities": {"vision": False, "audio": False},
+        "chat_template": srv.engine.chat_template() or "",
+        "bos_token": m.token_text(m.bos) if m.bos >= 0 else "", "eos_token": m.token_text(m.eos) if m.eos >= 0 else "",
+        "build_info": "localspec", "is_sleeping": False,
+        "localspec": {"target": sess.selection.target, "draft": sess.selection.draft,
+                      "fim": bool(m.fim_tokens()), "spec": sess.gen.spec, "drafter": sess.gen.drafter,
+                      "load": {"ctx_size": sess.load.n_ctx, "threads": sess.load.n_threads,
+                               "n_gpu_layers": sess.load.n_gpu_layers_target, "mmap": sess.load.mmap}},
+    })
+
+
+async def tokenize(request: Request, state: ServerState) -> Response:
+    body = await read_json(request)
+    content = string(body, "content", "")
+    add_special, parse_special = boolean(body, "add_special"), boolean(body, "parse_special", True)
+    with_pieces, m = boolean(body, "with_pieces"), state.server.model
+
+    def answer() -> bytes:
+        tokens = m.tokenize(content, add_special=add_special, parse_special=parse_special)
+        if not with_pieces:  # encoded in slices: one C call over millions of ids would hold the GIL for seconds
+            ids = (",".join(map(str, tokens[i:i + 65536])) for i in range(0, len(tokens), 65536))
+            return b'{"tokens": [' + ",".join(ids).encode() + b"]}"
+        pieces = []
+        for t in tokens:
+            raw = m.piece(t)
+            try:
+                piece = raw.decode("utf-8")
+            except UnicodeDecodeError:
+                piece = list(raw)  # llama-server gives the bytes when a piece is not valid UTF-8 alone
+            pieces.append({"id": t, "piece": piece})
+        return json.dumps({"tokens": pieces}, ensure_ascii=False).encode()
+    # in a thread: a long text takes seconds to tokenize and encode, and the event loop serves every stream
+    return Response(await asyncio.to_thread(answer), media_type="application/json")
+
+
+async def detokenize(request: Request, state: ServerState) -> Response:
+    body = await read_json(request)
+    tokens = body.get("tokens", [])
+    m = state.server.model
+    if not isinstance(tokens, list) or not all(isinstance(t, int) and not isinstance(t, bool) for t in tokens):
+        raise ApiError(400, '"tokens" must be a list of token ids')
+    if any(t < 0 or t >= m.n_vocab for t in tokens):
+        raise ApiError(400, f'"tokens" has an id outside the vocabulary (0..{m.n_vocab - 1})')
+    text = await asyncio.to_thread(lambda: b"".join(m.piece(t) for t in tokens).decode("utf-8", errors="replace"))
+    return JSONResponse({"content": text})
+
+
+async def metrics(request: Request, state: ServerState) -> Response:
+    return PlainTextResponse(state.server.metrics.prometheus(), media_type="text/plain; version=0.0.4")
+
+
+ROUTES = [
+    ("/health", health, ["GET"]), ("/v1/health", health, ["GET"]),
+    ("/completion", completion, ["POST"]), ("/completions", completion, ["POST"]),
+    ("/infill", infill, ["POST"]), ("/props", props, ["GET"]),
+    ("/tokenize", tokenize, ["POST"]), ("/detokenize", detokenize, ["POST"]),
+    ("/metrics", metrics, ["GET"]),
+]

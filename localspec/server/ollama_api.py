@@ -1,0 +1,274 @@
+"""Ollama's API (what Open WebUI, Enchanted, Continue's `ollama` provider, the `ollama` libraries and
+`llm-ollama` speak): /api/chat and /api/generate streamed as NDJSON by default, /api/tags, /api/show,
+/api/ps, /api/version, and "Ollama is running" at the base address.
+
+One pair is served whatever model a request names, as elsewhere in this server. Model management
+(/api/pull, /api/create, /api/delete, ...) is refused with an error that names `localspec pull`.
+Options this engine has no sampler for (repeat_penalty, mirostat, ...) are ignored, as Ollama ignores
+options a model does not use; `num_ctx` cannot change a loaded context and is ignored too.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import math
+
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+
+from ..engine import Message
+from ..fim import FimUnsupported, fim_stop_tokens, infill_tokens, require_fim
+from . import shapes
+from .chat import LENGTH, ChatRequest, End, Text, ToolCall, open_chat
+from .http import ServerState, read_body, stream
+from .protocol import ApiError, boolean, gen_settings, string
+from .tools import tool_request
+
+VERSION = "0.12.6"  # the Ollama API level answered here (clients compare it against their minimum)
+OPTIONS = {"temperature": "temperature", "top_p": "top_p", "top_k": "top_k", "min_p": "min_p", "seed": "seed",
+           "stop": "stop"}  # Ollama option -> generation field (num_predict is below)
+MANAGEMENT = ("pull", "push", "create", "copy", "delete", "blobs/{digest}")
+
+
+def errors(e: ApiError) -> dict:
+    return {"error": e.message}
+
+
+ERRORS = errors
+
+
+def ndjson(obj) -> str:
+    return json.dumps(obj, ensure_ascii=False, separators=(",", ":")) + "\n"
+
+
+def _now() -> str:
+    return dt.datetime.now(dt.timezone.utc).isoformat().replace("+00:00", "Z")
+
+
+# --- request in ----------------------------------------------------------------------------------
+def _settings(body: dict, state: ServerState):
+    """`options`, `format`, `stream` (on unless false) and localspec's own fields as a GenConfig."""
+    options = body.get("options") or {}
+    if not isinstance(options, dict):
+        raise ApiError(400, '"options" must be an object like {"temperature": 0, "num_predict": 128}')
+    fields = {OPTIONS[k]: v for k, v in options.items() if k in OPTIONS}
+    n = options.get("num_predict")
+    if n is not None:
+        if isinstance(n, bool) or not isinstance(n, int):
+            raise ApiError(400, '"options.num_predict" must be a whole number (-1: no limit)')
+        fields["n_predict"] = n if n >= 0 else -1
+    fmt = body.get("format")
+    if fmt == "json":
+        fields["response_format"] = {"type": "json_object"}
+    elif isinstance(fmt, dict):
+        fields["json_schema"] = fmt
+    elif fmt not in (None, ""):
+        raise ApiError(400, '"format" must be "json" or a JSON schema object')
+    for k in ("spec", "drafter", "speculative"):
+        if k in body:
+            fields[k] = body[k]
+    fields["stream"] = boolean(body, "stream", True)
+    return gen_settings(fields, state.server.session.gen, oai=False)
+
+
+def _images(m: dict, where: str) -> None:
+    if m.get("images"):
+        raise ApiError(400, f"{where}: images are not supported by this model")
+
+
+def _messages(body: dict) -> list[Message]:
+    msgs = body.get("messages")
+    if not isinstance(msgs, list):
+        raise ApiError(400, '"messages" must be a list of {"role", "content"} objects')
+    out = []
+    for i, m in enumerate(msgs):
+        if not isinstance(m, dict) or m.get("role") not in ("system", "user", "assistant", "tool"):
+            raise ApiError(400, f'messages[{i}] needs "role": "system", "user", "assistant" or "tool"')
+        _images(m, f"messages[{i}]")
+        content = m.get("content") or ""
+        if not isinstance(content, str):
+            raise ApiError(400, f"messages[{i}].content must be a string")
+        extra = {}
+        if m.get("tool_calls"):
+            calls = m["tool_calls"]
+            if not isinstance(calls, list) or not all(isinstance(c, dict) and isinstance(c.get("function"), dict)
+                                                      for c in calls):
+                raise ApiError(400, f'messages[{i}].tool_calls must be a list of {{"function": {{"name", "arguments"}}}}')
+            extra["tool_calls"] = [{"type": "function", "function": c["function"]} for c in calls]
+        if m.get("tool_name"):
+            extra["name"] = m["tool_name"]
+        out.append(Message(m["role"], content, extra or None))
+    if not out:
+        raise ApiError(400, '"messages" is empty: nothing to answer')
+    return out
+
+
+# --- events out ------------------------------------------------------------------------------------
+def _figures(end: End) -> dict:
+    """Ollama's closing fields (durations in nanoseconds), with speculation's figures beside them."""
+    st = end.stats
+    out = {"done": True, "done_reason": "length" if end.reason == LENGTH else "stop",
+           "total_duration": int((st.prompt_eval_s + st.generation_s) * 1e9), "load_duration": 0,
+           "prompt_eval_count": st.prompt_tokens, "prompt_eval_duration": int(st.prompt_eval_s * 1e9),
+           "eval_count": st.tokens, "eval_duration": int(st.generation_s * 1e9),
+           "draft_n": st.drafted, "draft_n_accepted": st.accepted}
+    out["localspec"] = shapes.localspec_stats(st)
+    return out
+
+
+def _call(c: dict, index: int) -> dict:
+    args = c["function"]["arguments"]
+    try:
+        args = json.loads(args)
+    except ValueError:
+        pass
+    return {"id": c["id"], "function": {"index": index, "name": c["function"]["name"], "arguments": args}}
+
+
+async def _reply(request: Request, state: ServerState, chat: ChatRequest, model: str, chat_api: bool) -> Response:
+    run = await open_chat(request, state, chat)
+
+    def piece(text: str, calls: list | None = None) -> dict:
+        head = {"model": model, "created_at": _now()}
+        if not chat_api:
+            return {**head, "response": text, "done": False}
+        msg = {"role": "assistant", "content": text}
+        if calls:
+            msg["tool_calls"] = calls
+        return {**head, "message": msg, "done": False}
+
+    if not chat.extras.stream:
+        a = await run.answer(request)
+        return JSONResponse({**piece(a.content, [_call(c, i) for i, c in enumerate(a.calls)]), **_figures(a.end)})
+
+    async def events():
+        async for ev in run.events():
+            if isinstance(ev, Text):
+                yield piece(ev.text)
+            elif isinstance(ev, ToolCall):
+                yield piece("", [_call(ev.call, ev.index)])
+            else:
+                yield {**piece(""), **_figures(ev)}
+    return stream(run.run, events(), media_type="application/x-ndjson", frame=ndjson, errors=errors)
+
+
+async def chat(request: Request, state: ServerState) -> Response:
+    body = await read_body(request)
+    cfg, extras = _settings(body, state)
+    model = string(body, "model") or state.model_id
+    msgs = _messages(body)
+    return await _reply(request, state, ChatRequest(cfg, extras, msgs, tool_request(body)), model, chat_api=True)
+
+
+def _fim(state: ServerState, prompt: str, suffix: str, cfg):
+    m = state.server.model
+    try:
+        require_fim(m.fim_tokens())
+    except FimUnsupported as e:
+        raise ApiError(400, f'"suffix": {e}')
+    cfg.stop_tokens = fim_stop_tokens(m)
+    parts = {"input_prefix": prompt, "input_suffix": suffix, "prompt": ""}
+
+    def tokens(engine) -> list[int]:
+        n_ctx = engine.target.n_ctx
+        return infill_tokens(engine.target_model, parts, [], n_ctx, cfg.max_tokens if cfg.max_tokens < n_ctx else 0)
+    return tokens
+
+
+async def generate(request: Request, state: ServerState) -> Response:
+    body = await read_body(request)
+    cfg, extras = _settings(body, state)
+    model = string(body, "model") or state.model_id
+    prompt, suffix, system = string(body, "prompt", ""), string(body, "suffix", ""), string(body, "system", "")
+    _images(body, "the request")
+    if body.get("template"):
+        raise ApiError(400, '"template" is not supported: the GGUF\'s own chat template is used (or "raw": true)')
+    if not prompt and not suffix:  # Ollama's way to load a model: it is loaded already
+        return JSONResponse({"model": model, "created_at": _now(), "response": "", "done": True, "done_reason": "load"})
+    chat = ChatRequest(cfg, extras)
+    if suffix:
+        chat.prompt = _fim(state, prompt, suffix, cfg)
+    elif boolean(body, "raw"):
+        chat.prompt = lambda engine: engine.target_model.tokenize(prompt, add_special=True, parse_special=True)
+    else:
+        chat.messages = ([Message("system", system)] if system else []) + [Message("user", prompt)]
+    return await _reply(request, state, chat, model, chat_api=False)
+
+
+# --- the model list and information --------------------------------------------------------------------
+def _details(state: ServerState) -> dict:
+    m = state.server.model
+    arch = m.meta("general.architecture") or ""
+    n_params = m.meta("general.size_label") or ""
+    return {"parent_model": "", "format": "gguf", "family": arch, "families": [arch] if arch else None,
+            "parameter_size": n_params, "quantization_level": state.server.session.selection.target.rsplit("-", 1)[-1]
+            if state.server.session.selection.target else ""}
+
+
+def _entry(state: ServerState, name: str) -> dict:
+    m = state.server.model
+    size = m.path.stat().st_size if m.path.exists() else 0
+    mtime = dt.datetime.fromtimestamp(m.path.stat().st_mtime if m.path.exists() else 0, dt.timezone.utc)
+    return {"name": name, "model": name, "modified_at": mtime.isoformat().replace("+00:00", "Z"), "size": size,
+            "digest": f"{abs(hash(str(m.path))):064x}"[-64:], "details": _details(state)}
+
+
+async def tags(request: Request, state: ServerState) -> Response:
+    names = [state.model_id, *sorted(state.aliases - {state.model_id})]
+    return JSONResponse({"models": [_entry(state, n) for n in names]})
+
+
+async def ps(request: Request, state: ServerState) -> Response:
+    far = dt.datetime(2318, 1, 1, tzinfo=dt.timezone.utc).isoformat().replace("+00:00", "Z")  # loaded until stopped
+    e = _entry(state, state.model_id)
+    return JSONResponse({"models": [{**e, "expires_at": far, "size_vram": 0,
+                                     "context_length": state.server.engine.target.n_ctx}]})
+
+
+async def show(request: Request, state: ServerState) -> Response:
+    body = await read_body(request)
+    srv, m = state.server, state.server.model
+    arch = m.meta("general.architecture") or "llama"
+    caps = ["completion", "tools"] + (["insert"] if m.fim_tokens() else [])
+    info = {"general.architecture": arch, f"{arch}.context_length": srv.engine.target.n_ctx,
+            "general.parameter_count": _param_count(m)}
+    return JSONResponse({"modelfile": f"# served by localspec: {m.path.name}\n", "parameters": "",
+                         "template": srv.engine.chat_template() or "", "details": _details(state),
+                         "model_info": info, "capabilities": caps, "modified_at": _entry(state, state.model_id)["modified_at"],
+                         "model": string(body, "model") or state.model_id})
+
+
+def _param_count(m) -> int:
+    label = (m.meta("general.size_label") or "").upper().rstrip("B")
+    try:
+        return int(float(label) * 1e9) if label and math.isfinite(float(label)) else 0
+    except ValueError:
+        return 0
+
+
+async def version(request: Request, state: ServerState) -> Response:
+    return JSONResponse({"version": VERSION})
+
+
+async def root(request: Request, state: ServerState) -> Response:
+    return Response("Ollama is running" if request.method == "GET" else b"", media_type="text/plain")
+
+
+async def management(request: Request, state: ServerState) -> Response:
+    raise ApiError(501, f"{request.url.path} is not served: this server serves one pair, chosen when it starts; "
+                        "download models with `localspec pull NAME` and start `localspec serve` with them")
+
+
+async def not_supported(request: Request, state: ServerState) -> Response:
+    raise ApiError(501, f"{request.url.path} is not supported by localspec (no embedding model is loaded)")
+
+
+ROUTES = [
+    ("/api/chat", chat, ["POST"]), ("/api/generate", generate, ["POST"]),
+    ("/api/tags", tags, ["GET", "HEAD"]), ("/api/ps", ps, ["GET"]), ("/api/show", show, ["POST"]),
+    ("/api/version", version, ["GET"], {"needs_model": False}),
+    ("/", root, ["GET", "HEAD"], {"needs_model": False}),
+    *((f"/api/{p}", management, ["POST", "DELETE", "HEAD"]) for p in MANAGEMENT),
+    ("/api/embed", not_supported, ["POST"]), ("/api/embeddings", not_supported, ["POST"]),
+]
