@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from . import __version__, paths
+from .machine import memory_bytes
 
 REINSTALL_TAIL = "pip install --force-reinstall --no-cache-dir llama-cpp-python"
 REINSTALL_COMMANDS = {
@@ -121,20 +122,6 @@ def llama_build_info() -> dict[str, Any]:
         "devices": registry.get("devices", []),
         "system_info": system_info.strip(),
     }
-
-
-def memory_bytes() -> dict[str, int | None]:
-    total = available = None
-    try:
-        with open("/proc/meminfo") as f:
-            fields = {line.split(":")[0]: int(line.split()[1]) * 1024 for line in f if line.split()[1:2]}
-        total, available = fields.get("MemTotal"), fields.get("MemAvailable")
-    except (OSError, ValueError, IndexError):
-        try:  # macOS and other Unixes
-            total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-        except (ValueError, OSError, AttributeError):
-            pass
-    return {"total": total, "available": available}
 
 
 def visible_gpu_hardware() -> list[str]:

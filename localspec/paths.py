@@ -35,7 +35,7 @@ def ensure(p: Path) -> Path:
     return p
 
 
-def write_atomic(path: Path, text: str) -> None:
+def write_atomic(path: Path, data: str | bytes | memoryview) -> None:
     """Write a whole file or nothing: a unique temporary name beside it (two processes saving the same
     file never share one), then one rename. Raises OSError (an unwritable or full disk); the caller
     decides whether that matters."""
@@ -43,8 +43,8 @@ def write_atomic(path: Path, text: str) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
+        with os.fdopen(fd, "w" if isinstance(data, str) else "wb", **({"encoding": "utf-8"} if isinstance(data, str) else {})) as f:
+            f.write(data)
         os.replace(tmp, path)
     except BaseException:
         try:
@@ -60,6 +60,10 @@ def models_dir() -> Path:
 
 def profiles_dir() -> Path:
     return home() / "profiles"
+
+
+def prompt_cache_dir() -> Path:
+    return home() / "prompt-cache"
 
 
 def history_db() -> Path:

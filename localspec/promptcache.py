@@ -15,6 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from .backend import Context, common_prefix
+from .promptdisk import SAVE_MIN, DiskPrompts
 
 KEEP_MIN = 64  # a divergence that would lose fewer cached tokens than this is not worth a snapshot
 GAIN_MIN = 16  # restore only when it saves at least this many tokens of evaluation
@@ -40,12 +41,15 @@ class PromptCache:
     budget_bytes: int = 256 << 20
     entries: list[Snapshot] = field(default_factory=list)
     clock: int = 0
+    disk: DiskPrompts | None = None  # saved prompts that outlive the process (`localspec serve`)
 
     def prefix_len(self, tokens: list[int]) -> int:
         """The longest exact prefix of `tokens` held by the live cache or any snapshot."""
         best = common_prefix(self.ctx.tokens, tokens)
         for e in self.entries:
             best = max(best, common_prefix(e.tokens, tokens))
+        if self.disk is not None:
+            best = max(best, self.disk.best(tokens)[1])
         return best
 
     def prepare(self, tokens: list[int]) -> CacheUse:
@@ -60,6 +64,13 @@ class PromptCache:
                 best, best_n = e, n
         if best is not None and best_n < live + GAIN_MIN:
             best = None
+        on_disk, disk_n = self.disk.best(tokens) if self.disk is not None else (None, 0)
+        if on_disk is not None and disk_n >= max(live, best_n if best else 0) + max(GAIN_MIN, SAVE_MIN // 4):
+            state = self.disk.load(on_disk)
+            if state is not None:
+                best, best_n = Snapshot(on_disk.tokens, state), disk_n
+                if len(state) <= self.budget_bytes:  # used again soon (an agent's next turn): kept in memory too
+                    self.entries.append(best)
         if len(self.ctx.tokens) - (best_n if best else live) >= KEEP_MIN:
             self.save()
         if best is not None:
@@ -68,6 +79,12 @@ class PromptCache:
             use.restored = self.ctx.restore(best.state, best.tokens)
         use.entries = len(self.entries)
         return use
+
+    def persist(self, evaluated: int) -> None:
+        """After a request that evaluated `evaluated` prompt tokens: keep the live sequence on disk when
+        that was long work (SAVE_MIN), so no later process pays it again."""
+        if self.disk is not None and evaluated >= SAVE_MIN and self.ctx.tokens:
+            self.disk.save(self.ctx.tokens, self.ctx.snapshot())
 
     def save(self) -> int:
         """Snapshot the live sequence (unless a snapshot already covers it); 1 if one was taken."""

@@ -35,6 +35,7 @@ class ModelChoice:
     n_gpu_layers: int | None = None
     mmap: bool | None = None  # None: LoadConfig's default (mapped)
     n_gpu_layers_draft: int | None = None  # the draft's own (-ngld); None: as n_gpu_layers
+    ctx_fit: int = 0  # without ctx_size: the largest context up to this that the model and memory allow
 
 
 @dataclass
@@ -85,6 +86,8 @@ def load_config(choice: ModelChoice, sel: Selection) -> LoadConfig:
         load.n_gpu_layers_target, load.n_gpu_layers_draft = s.n_gpu_layers_target, s.n_gpu_layers_draft
     if choice.ctx_size:
         load.n_ctx = choice.ctx_size
+    elif choice.ctx_fit:
+        load.n_ctx = max(load.n_ctx, fit_context(sel, choice.ctx_fit))
     if choice.threads:
         load.n_threads = load.n_threads_batch = choice.threads
         load.adapt_threads = False
@@ -95,6 +98,31 @@ def load_config(choice: ModelChoice, sel: Selection) -> LoadConfig:
     if choice.n_gpu_layers_draft is not None:
         load.n_gpu_layers_draft = choice.n_gpu_layers_draft
     return load
+
+
+SERVE_CTX_FIT = 32768  # a server's context without -c: Claude Code's first prompt alone is ~19k tokens
+KV_MEMORY_SHARE = 0.25  # of the memory available at start, at most this for the KV caches a fitted context takes
+
+
+def fit_context(sel: Selection, ceiling: int) -> int:
+    """The largest context (a multiple of 256, up to `ceiling`) the target was trained for and whose KV
+    caches, target and draft at f16, take at most KV_MEMORY_SHARE of the memory available now."""
+    from .machine import memory_bytes
+    from .models.gguf_header import read_header_file
+
+    per_token, trained = 0, ceiling
+    for path in filter(None, (sel.target, sel.draft)):
+        h = read_header_file(path)
+        arch = h.architecture or ""
+        n_layer, n_head = h.get(f"{arch}.block_count", 0), h.get(f"{arch}.attention.head_count", 1) or 1
+        n_kv = h.get(f"{arch}.attention.head_count_kv", n_head)
+        head_dim = h.get(f"{arch}.attention.key_length") or h.get(f"{arch}.embedding_length", 0) // n_head
+        per_token += 2 * n_layer * n_kv * head_dim * 2
+        if path == sel.target:
+            trained = h.get(f"{arch}.context_length", ceiling) or ceiling
+    available = memory_bytes()["available"] or 8 << 30  # unknown (not Linux, not macOS): 8 GiB assumed
+    fits = int(available * KV_MEMORY_SHARE // per_token) if per_token else ceiling
+    return max(256, min(ceiling, trained, fits) // 256 * 256)
 
 
 def gen_config(gen: GenChoice, sel: Selection | None = None) -> GenConfig:

@@ -120,3 +120,43 @@ def test_a_repeated_request_drafts_from_the_earlier_answer(fim_engine):
         assert second == first and st.accepted > 0 and st.prompt_eval_tokens <= 1  # drafted from memory, cached
     finally:
         e.remember_generations = False
+
+
+def test_a_long_prompt_outlives_the_process_on_disk(tiny, tmp_path):
+    """A prompt evaluated once is restored from disk by a new engine (a restarted server), verified first:
+    a corrupt entry is deleted and evaluated again, never loaded; another pair's entries are not seen."""
+    from localspec.promptcache import PromptCache
+    from localspec.promptdisk import SAVE_MIN, DiskPrompts, pair_key
+
+    load = LoadConfig(n_ctx=4096, n_threads=THREADS, n_threads_batch=THREADS)
+    prompt = [(i * 7) % 200 + 3 for i in range(SAVE_MIN + 300)]
+    key = pair_key(str(tiny.fim_target))
+
+    def fresh_engine():
+        e = Engine(tiny.fim_target, None, load)
+        e.prompt_cache = PromptCache(e.target, 64 << 20, disk=DiskPrompts(tmp_path, key, 256 << 20))
+        return e
+
+    def evaluated(e, tokens) -> int:
+        st = e.prefill(tokens)
+        return st.prompt_eval_tokens
+
+    e = fresh_engine()
+    assert evaluated(e, prompt) == len(prompt) - 1
+    e.prompt_cache.persist(len(prompt))
+    e.prompt_cache.disk.wait()
+    e.close()
+    files = sorted(p.suffix for p in tmp_path.rglob("*") if p.is_file())
+    assert files == [".json", ".kv"]
+    e = fresh_engine()  # "after a restart": a longer prompt with the same start evaluates only its new end
+    longer = prompt + [5, 6, 7, 8]
+    assert evaluated(e, longer) == 4 and e.last_stats.cache_restored
+    e.close()
+    kv = next(tmp_path.rglob("*.kv"))
+    kv.write_bytes(b"\0" * kv.stat().st_size)  # same size, wrong bytes: the checksum catches it
+    e = fresh_engine()
+    assert evaluated(e, longer) == len(longer) - 1
+    assert not list(tmp_path.rglob("*.kv"))  # the corrupt entry is gone
+    e.close()
+    other = DiskPrompts(tmp_path, "another-model.gguf", 256 << 20)
+    assert other.best(prompt) == (None, 0)

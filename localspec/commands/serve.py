@@ -52,7 +52,11 @@ def cmd_serve(args) -> int:
                          "Ctrl-C stops\n")
         sys.stdout.flush()
 
-    return serve(model_choice(args), gen_choice(args), args.host, args.port, args.api_key, stderr_note,
+    from ..session import SERVE_CTX_FIT
+
+    choice = model_choice(args)
+    choice.ctx_fit = SERVE_CTX_FIT  # agents' prompts are long: the context the model and memory allow
+    return serve(choice, gen_choice(args), args.host, args.port, args.api_key, stderr_note,
                  on_listen, args.log_requests, args.cors, editor_settings(args))
 
 
@@ -70,13 +74,17 @@ def add_editor_args(p) -> None:
     g.add_argument("--fim-suffix", type=nonneg_int, default=d.suffix, metavar="N", help=f"suffix tokens (default {d.suffix})")
     g.add_argument("--fim-extra", type=nonneg_int, default=d.extra, metavar="N",
                    help=f"tokens of the editor's extra context (other files) (default {d.extra})")
-    g.add_argument("--cache-ram", type=nonneg_int, default=256, metavar="MIB",
-                   help="memory for saved prompts, so warm-ups and other files do not evict the editor's (default "
-                        "256; 0 = keep only the last prompt)")
+    g.add_argument("--cache-ram", type=nonneg_int, default=2048, metavar="MIB",
+                   help="memory for saved prompts, so warm-ups, other files and an agent's side requests do not "
+                        "evict each other's (default 2048; 0 = keep only the last prompt)")
+    g.add_argument("--cache-disk", type=nonneg_int, default=8192, metavar="MIB",
+                   help="disk for saved long prompts (an agent's system prompt and tools), kept across restarts "
+                        "under the data root (default 8192; 0 = none)")
 
 
 def editor_settings(args):
     from ..fim_windows import EditorSettings, FimBudget
 
     budget = FimBudget(prefix=args.fim_prefix, suffix=args.fim_suffix, extra=args.fim_extra)
-    return EditorSettings(layout=args.fim_layout, budget=budget, cache_mib=args.cache_ram)
+    return EditorSettings(layout=args.fim_layout, budget=budget, cache_mib=args.cache_ram,
+                          cache_disk_mib=args.cache_disk)

@@ -21,7 +21,9 @@ from typing import Callable
 from ..costmodel import CURVE_SIZES, depth_bucket, measure_at_depth
 from ..errors import ContextFullError, LocalspecError
 from ..fim_windows import EditorSettings, EditorWindows
+from .. import paths
 from ..promptcache import PromptCache
+from ..promptdisk import DiskPrompts, pair_key
 from ..session import Session
 from ..tuning import profile_path
 from ..stats import Stats
@@ -54,6 +56,9 @@ class ServerSession:
         editor = editor or EditorSettings()
         if editor.cache_mib > 0:  # warm-ups and other files no longer evict the editor's prompt
             self.engine.prompt_cache = PromptCache(self.engine.target, editor.cache_mib << 20)
+            if editor.cache_disk_mib > 0:  # an agent's long prompt outlives the process
+                key = pair_key(session.selection.target)
+                self.engine.prompt_cache.disk = DiskPrompts(paths.prompt_cache_dir(), key, editor.cache_disk_mib << 20)
         self.fim = EditorWindows(self.engine.target_model, editor.budget) if editor.layout == "editor" else None
         self.engine.remember_generations = True  # n-gram drafts may copy earlier answers
         self.metrics = Metrics()
@@ -223,6 +228,8 @@ class ServerSession:
             job.emit(("error", ApiError(503, CUT_SHORT)))
             return
         job.emit(("done", stats))
+        if engine.prompt_cache is not None and stats.stop_reason != "cancelled":
+            engine.prompt_cache.persist(stats.prompt_eval_tokens)  # after the answer: its client need not wait
 
     def _generate(self, job: Job, prompt: list[int], cfg):
         engine, ex = self.engine, job.extras

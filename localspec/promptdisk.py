@@ -1,0 +1,159 @@
+"""Saved prompts on disk: an agent's long prompt is evaluated once per machine, not once per server start.
+
+Claude Code's first request is ~19k tokens (system prompt and tools) and every later one, in every
+session, starts with the same ones; on a laptop CPU that prefix costs minutes to evaluate. After a
+request that evaluated a long prompt, the target's KV state (llama_state_seq_get_data) is written here
+under the data root, with the exact tokens it holds; a later request, in this process or after a
+restart, restores the entry that shares the longest prefix with its prompt and evaluates only the rest.
+
+Each entry is two files: `<id>.kv` (the state) and `<id>.json` (format, the pair's key, the tokens,
+the byte count and a CRC-32), written whole or not at all (temporary names, renamed; the .json last,
+so an entry exists only once complete). An entry whose key, size or checksum does not match is deleted,
+never loaded. The directory is bounded (`budget_bytes`): the least recently used entries go first.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import json
+import os
+import threading
+import zlib
+from dataclasses import dataclass
+from pathlib import Path
+
+from .backend import common_prefix
+from .paths import write_atomic
+
+FORMAT = 1
+SAVE_MIN = 1024  # a prompt is saved once a request had to evaluate at least this many tokens of it
+
+
+@dataclass
+class DiskEntry:
+    path: Path  # the .kv file
+    tokens: list[int]
+    size: int
+    crc: int
+
+
+def pair_key(target_path: str) -> str:
+    """What a saved state depends on: the model file (name and size) and the llama.cpp build."""
+    try:
+        import llama_cpp
+        build = getattr(llama_cpp, "__version__", "?")
+    except ImportError:  # pragma: no cover
+        build = "?"
+    p = Path(target_path)
+    size = p.stat().st_size if p.exists() else 0
+    return f"{p.name}:{size}:llama-cpp-python {build}"
+
+
+class DiskPrompts:
+    def __init__(self, root: Path, key: str, budget_bytes: int):
+        self.root, self.key, self.budget = Path(root), key, budget_bytes
+        self.dir = self.root / hashlib.sha256(key.encode()).hexdigest()[:16]
+        self.entries: list[DiskEntry] | None = None  # read on first use
+        self.lock = threading.Lock()
+        self.writer: threading.Thread | None = None
+
+    def _index(self) -> list[DiskEntry]:
+        if self.entries is None:
+            self.entries = []
+            for meta in sorted(self.dir.glob("*.json")) if self.dir.is_dir() else []:
+                entry = self._read_meta(meta)
+                if entry is not None:
+                    self.entries.append(entry)
+        return self.entries
+
+    def _read_meta(self, meta: Path) -> DiskEntry | None:
+        try:
+            m = json.loads(meta.read_text(encoding="utf-8"))
+            kv = meta.with_suffix(".kv")
+            if m.get("format") != FORMAT or m.get("key") != self.key or kv.stat().st_size != m["bytes"]:
+                raise ValueError("another pair, format or size")
+            return DiskEntry(kv, [int(t) for t in m["tokens"]], int(m["bytes"]), int(m["crc32"]))
+        except (OSError, ValueError, KeyError, TypeError):
+            self._drop(meta.with_suffix(".kv"))
+            return None
+
+    def best(self, tokens: list[int]) -> tuple[DiskEntry | None, int]:
+        """The entry sharing the longest prefix with `tokens`, and that length."""
+        with self.lock:
+            found, n = None, 0
+            for e in self._index():
+                k = common_prefix(e.tokens, tokens)
+                if k > n:
+                    found, n = e, k
+            return found, n
+
+    def load(self, entry: DiskEntry):
+        """The entry's state (a ctypes byte array, as Context.snapshot gives), verified; None (and the
+        entry deleted) when it does not check out."""
+        try:
+            buf = (ctypes.c_uint8 * entry.size)()
+            with open(entry.path, "rb") as f:
+                whole = f.readinto(buf) == entry.size and not f.read(1)
+            if whole and zlib.crc32(buf) == entry.crc:
+                os.utime(entry.path)  # recently used: the last to go
+                return buf
+        except OSError:
+            pass
+        with self.lock:
+            self._drop(entry.path)
+        return None
+
+    def covered(self, tokens: list[int]) -> bool:
+        return any(common_prefix(e.tokens, tokens) == len(tokens) for e in self._index())
+
+    def save(self, tokens: list[int], state) -> None:
+        """Write the state in a background thread (the next request need not wait for the disk)."""
+        with self.lock:
+            if not tokens or self.covered(tokens) or len(state) > self.budget:
+                return
+        data = bytes(state)  # a copy: the context's buffer may change before the thread runs
+        self.wait()
+        self.writer = threading.Thread(target=self._write, args=(list(tokens), data), name="localspec-save-prompt",
+                                       daemon=True)
+        self.writer.start()
+
+    def wait(self) -> None:
+        if self.writer is not None:
+            self.writer.join()
+
+    def _write(self, tokens: list[int], data: bytes) -> None:
+        name = hashlib.sha256(json.dumps(tokens).encode()).hexdigest()[:24]
+        kv = self.dir / f"{name}.kv"
+        meta = {"format": FORMAT, "key": self.key, "bytes": len(data), "crc32": zlib.crc32(data), "tokens": tokens}
+        try:
+            write_atomic(kv, data)
+            write_atomic(kv.with_suffix(".json"), json.dumps(meta))
+        except OSError:  # a full or unwritable disk: this prompt is simply not kept
+            self._drop(kv)
+            return
+        with self.lock:
+            entries = self._index()
+            for e in [e for e in entries if e.path != kv and common_prefix(e.tokens, tokens) == len(e.tokens)]:
+                self._drop(e.path)  # the new entry covers the ones its tokens start with
+            entries[:] = [e for e in entries if e.path != kv] + [DiskEntry(kv, tokens, len(data), meta["crc32"])]
+            self._trim(entries)
+
+    def _trim(self, entries: list[DiskEntry]) -> None:
+        def used(e: DiskEntry) -> float:
+            try:
+                return e.path.stat().st_mtime
+            except OSError:
+                return 0.0
+        while sum(e.size for e in entries) > self.budget and len(entries) > 1:
+            oldest = min(entries, key=used)
+            self._drop(oldest.path)
+
+    def _drop(self, kv: Path) -> None:
+        for p in (kv.with_suffix(".json"), kv):
+            try:
+                p.unlink()
+            except OSError:
+                pass
+        if self.entries is not None:
+            self.entries[:] = [e for e in self.entries if e.path != kv]
