@@ -6,7 +6,7 @@ table shows what each client really sent. One row per client check: pass or fail
 back. Run through scripts/clients (which sets up .venv first).
 
     scripts/clients                              # every client; llama.vim needs --llama-vim PATH
-    scripts/clients --fast                       # the CI subset: the openai packages and llm
+    scripts/clients --fast                       # the CI subset: the openai packages, llm, anthropic, ollama
     scripts/clients --llama-vim ~/src/llama.vim  # a checkout of llama.vim (it is on no package registry)
     scripts/clients --only aider,cn -- --target T.gguf --draft D.gguf
 """
@@ -32,11 +32,15 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
 from serverproc import ServerProcess, free_port  # noqa: E402
 
+sys.path.insert(0, str(ROOT / "scripts"))
+import agent_clients  # noqa: E402
+
 CACHE = Path(os.environ.get("LOCALSPEC_CLIENTS_CACHE") or Path.home() / ".cache/localspec/clients")
 PY_CLIENTS = {"openai": ["openai"], "llm": ["llm"], "litellm": ["litellm"],
               "langchain": ["langchain-openai", "pydantic"], "aider": ["aider-chat"]}
-NPM_CLIENTS = {"openai-npm": "openai", "cn": "@continuedev/cli"}
-FAST = ["openai", "openai-npm", "llm"]
+NPM_CLIENTS = {"openai-npm": "openai", "cn": "@continuedev/cli", **agent_clients.NPM}
+PY_CLIENTS.update(agent_clients.PY)
+FAST = ["openai", "openai-npm", "llm", *agent_clients.FAST]
 
 
 # --- installing -----------------------------------------------------------------------------------
@@ -94,7 +98,8 @@ def summary(method: str, path: str, headers, body: bytes) -> dict:
     except ValueError:
         return {**out, "body": f"{len(body)} bytes, not JSON"}
     if isinstance(obj, dict):
-        for k in ("model", "stream", "n_predict", "max_tokens", "tool_choice", "temperature"):
+        for k in ("model", "stream", "n_predict", "max_tokens", "max_output_tokens", "tool_choice", "temperature",
+                  "format"):
             if k in obj:
                 out[k] = obj[k]
         if obj.get("tools"):
@@ -433,6 +438,7 @@ CLIENTS = {
     "cn": lambda url, a: check_cn(url),
     "llama.vim": lambda url, a: check_llama_vim(url, a.llama_vim),
 }
+CLIENTS.update(agent_clients.clients(sys.modules[__name__]))
 
 
 NOT_SENT = ("method", "path", "t_start", "t_end", "status", "response")  # what the proxy adds about the answer

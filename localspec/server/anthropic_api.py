@@ -17,7 +17,7 @@ from starlette.responses import JSONResponse, Response
 
 from ..engine import Message
 from . import shapes
-from .chat import END, LENGTH, STOP_SEQUENCE, TOOL_CALLS, ChatRequest, End, Text, open_chat, prompt_size
+from .chat import END, LENGTH, STOP_SEQUENCE, TOOL_CALLS, ChatRequest, End, Idle, Text, open_chat, prompt_size
 from .http import ServerState, read_body, stream
 from .protocol import ApiError, gen_settings, integer
 from .tools import tool_request
@@ -25,6 +25,8 @@ from .tools import tool_request
 STOP_REASON = {END: "end_turn", STOP_SEQUENCE: "stop_sequence", LENGTH: "max_tokens", TOOL_CALLS: "tool_use"}
 ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
                404: "not_found_error", 413: "request_too_large", 429: "rate_limit_error", 503: "overloaded_error"}
+PING_S = 10.0  # a ping this often while a long prompt evaluates (an agent's 19k tokens take minutes on a CPU)
+BILLING = "x-anthropic-billing-header:"
 SETTINGS = ("temperature", "top_p", "top_k", "stream", "spec", "drafter", "speculative", "seed")  # passed through
 
 
@@ -58,8 +60,18 @@ def _text_of(blocks, where: str) -> str:
     return "".join(parts)
 
 
+def _system(blocks) -> str:
+    """The system prompt, without Claude Code's billing block: its `cch=` changes with every request and,
+    first in the prompt, would make every request's prefix new to the prompt cache (vLLM and
+    llama-server drop it too)."""
+    if isinstance(blocks, list):
+        blocks = [b for b in blocks if not (isinstance(b, dict) and str(b.get("text", "")).startswith(BILLING))]
+    return _text_of(blocks, "system")
+
+
 def _turn(m, i: int) -> list[Message]:
-    if not isinstance(m, dict) or m.get("role") not in ("user", "assistant"):
+    # Claude Code 2.1 also puts "system" turns among the messages (the agent list); templates render them
+    if not isinstance(m, dict) or m.get("role") not in ("user", "assistant", "system"):
         raise ApiError(400, f'messages.{i}: each message needs "role": "user" or "assistant"')
     content, where = m.get("content"), f"messages.{i}.content"
     if isinstance(content, str):
@@ -128,8 +140,9 @@ def chat_request(body: dict, state: ServerState, need_max_tokens: bool = True) -
     cfg, extras = gen_settings({**settings, "max_tokens": body.get("max_tokens"), "stop": stops},
                                state.server.session.gen, oai=True)
     turns = []
-    if body.get("system"):
-        turns.append(Message("system", _text_of(body["system"], "system")))
+    system = _system(body.get("system") or "")
+    if system:
+        turns.append(Message("system", system))
     for i, m in enumerate(msgs):
         turns += _turn(m, i)
     return ChatRequest(cfg, extras, turns, _tools(body))
@@ -179,7 +192,10 @@ async def messages(request: Request, state: ServerState) -> Response:
         yield {"type": "message_start", "message": _message(msg_id, model, [], None, run.prompt_len)}
         yield {"type": "ping"}
         index, text_open = 0, False
-        async for ev in run.events():
+        async for ev in run.events(idle_s=PING_S):
+            if isinstance(ev, Idle):
+                yield {"type": "ping"}
+                continue
             if isinstance(ev, Text):
                 if not text_open:
                     yield {"type": "content_block_start", "index": index, "content_block": {"type": "text", "text": ""}}

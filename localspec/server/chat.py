@@ -47,6 +47,11 @@ class ToolCall:
 
 
 @dataclass
+class Idle:
+    """Nothing new for a while (a long prompt is evaluating): streams that keep alive say so."""
+
+
+@dataclass
 class End:
     stats: object  # the engine's Stats
     reason: str  # END | STOP_SEQUENCE | LENGTH | TOOL_CALLS
@@ -73,14 +78,15 @@ class ChatRun:
     def __init__(self, run: Run, chat: ChatRequest, prompt_len: int):
         self.run, self.chat, self.prompt_len = run, chat, prompt_len
 
-    async def events(self, request: Request | None = None):
-        """Text as it is confirmed, each tool call whole once its block closes, then the End."""
+    async def events(self, request: Request | None = None, idle_s: float | None = None):
+        """Text as it is confirmed, each tool call whole once its block closes, then the End (an Idle
+        every idle_s seconds without any)."""
         tools = self.chat.tools
         calls = CallStream(tools.names) if tools else None
         n = 0
-        async for piece in self.run.texts(request):
-            if calls is None:
-                yield Text(piece)
+        async for piece in self.run.texts(request, idle_s):
+            if piece is None or calls is None:
+                yield Idle() if piece is None else Text(piece)
                 continue
             content, new = calls.feed(piece)
             if content:

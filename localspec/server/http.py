@@ -117,8 +117,10 @@ class Run:
         self.stats = None  # the engine's Stats, once done
         state.server.submit(self.job)
 
-    async def next(self, request: Request | None = None):
-        """The next event; a non-streamed request that lost its client cancels its job."""
+    async def next(self, request: Request | None = None, idle_s: float | None = None):
+        """The next event; a non-streamed request that lost its client cancels its job; ("idle", None)
+        after idle_s seconds without one (a long prompt evaluating), for streams that send keep-alives."""
+        waited = 0.0
         while True:
             try:
                 return await asyncio.wait_for(self.events.get(), POLL_S)
@@ -126,6 +128,9 @@ class Run:
                 if request is not None and await request.is_disconnected():
                     self.job.cancel.set()
                     raise ApiError(499, "client closed the request")
+                waited += POLL_S
+                if idle_s is not None and waited >= idle_s:
+                    return "idle", None
 
     async def start(self, request: Request) -> int:
         kind, value = await self.next(request)
@@ -133,11 +138,14 @@ class Run:
             raise value
         return value  # prompt length
 
-    async def texts(self, request: Request | None = None):
-        """The answer's text pieces until the end (then `self.stats` is set); an error event raises."""
+    async def texts(self, request: Request | None = None, idle_s: float | None = None):
+        """The answer's text pieces until the end (then `self.stats` is set); an error event raises;
+        None after idle_s seconds without text."""
         while True:
-            kind, value = await self.next(request)
-            if kind == "text":
+            kind, value = await self.next(request, idle_s)
+            if kind == "idle":
+                yield None
+            elif kind == "text":
                 yield value
             elif kind == "error":
                 raise value
