@@ -61,6 +61,8 @@ class DiskPrompts:
     def _index(self) -> list[DiskEntry]:
         if self.entries is None:
             self.entries = []
+            for tmp in self.dir.glob(".*.tmp") if self.dir.is_dir() else []:  # a write a kill cut short
+                tmp.unlink(missing_ok=True)
             for meta in sorted(self.dir.glob("*.json")) if self.dir.is_dir() else []:
                 entry = self._read_meta(meta)
                 if entry is not None:

@@ -114,18 +114,36 @@ def _project() -> Path:
 
 
 QUESTION = f"What is the value of MAGIC in {FILE_FACT[0]}? Read the file to find out."
+SHELL_QUESTION = f"Run `cat {FILE_FACT[0]}` and tell me the value of MAGIC."  # Codex reads files through its shell
+
+
+def claude_env(url: str, home: Path) -> dict:
+    return {**os.environ, "HOME": str(home), "ANTHROPIC_BASE_URL": url, "ANTHROPIC_AUTH_TOKEN": "none",
+            "ANTHROPIC_MODEL": "qwen", "ANTHROPIC_DEFAULT_HAIKU_MODEL": "qwen", "API_TIMEOUT_MS": "1800000",
+            "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1", "DISABLE_TELEMETRY": "1", "DISABLE_AUTOUPDATER": "1"}
+
+
+def run_claude(h, url: str, tools: str | None = "Read", work: Path | None = None):
+    """`claude -p QUESTION` in a new session (its own HOME); tools=None: all of Claude Code's tools (its
+    whole ~19k-token first prompt). Returns the finished process and its wall time."""
+    import time
+
+    claude = h.npm_env("claude") / "node_modules/.bin/claude"
+    work, home = work or _project(), Path(tempfile.mkdtemp(prefix="claude-home-"))
+    args = [str(claude), "-p", QUESTION, "--allowedTools", "Read", "--max-turns", "4"]
+    if tools:  # a 1.5B model loses its way among two dozen tools; the Read tool alone is what the check needs
+        args += ["--tools", tools]
+    t0 = time.monotonic()
+    r = h.run(args, cwd=work, env=claude_env(url, home), timeout=2400)
+    return r, time.monotonic() - t0
 
 
 def check_claude(h, url: str) -> list[tuple[str, bool, str]]:
     """Claude Code headless: a question only its Read tool can answer."""
-    claude = h.npm_env("claude") / "node_modules/.bin/claude"
-    work, home = _project(), Path(tempfile.mkdtemp(prefix="claude-home-"))
-    env = {**os.environ, "HOME": str(home), "ANTHROPIC_BASE_URL": url, "ANTHROPIC_AUTH_TOKEN": "none",
-           "ANTHROPIC_MODEL": "qwen", "ANTHROPIC_DEFAULT_HAIKU_MODEL": "qwen", "API_TIMEOUT_MS": "1800000",
-           "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1", "DISABLE_TELEMETRY": "1", "DISABLE_AUTOUPDATER": "1"}
-    r = h.run([str(claude), "-p", QUESTION, "--allowedTools", "Read", "--max-turns", "4"], cwd=work, env=env, timeout=1800)
+    r, took = run_claude(h, url)
     out = r.stdout.strip()
-    return [("claude -p: a question that needs its Read tool", FILE_FACT[2] in out, (out or r.stderr.strip())[-160:])]
+    return [("claude -p --tools Read: a question that needs its Read tool", FILE_FACT[2] in out,
+             f"{took:.0f} s: " + (out or r.stderr.strip())[-150:])]
 
 
 def check_codex(h, url: str) -> list[tuple[str, bool, str]]:
@@ -136,7 +154,7 @@ def check_codex(h, url: str) -> list[tuple[str, bool, str]]:
         'model = "qwen"\nmodel_provider = "localspec"\n\n[model_providers.localspec]\nname = "localspec"\n'
         f'base_url = "{url}/v1"\nwire_api = "responses"\n')
     env = {**os.environ, "CODEX_HOME": str(home)}
-    r = h.run([str(codex), "exec", "--skip-git-repo-check", "--sandbox", "read-only", QUESTION], cwd=work, env=env,
+    r = h.run([str(codex), "exec", "--skip-git-repo-check", "--sandbox", "read-only", SHELL_QUESTION], cwd=work, env=env,
               timeout=1800)
     out = r.stdout.strip()
     return [("codex exec: reads a file and answers", r.returncode == 0 and FILE_FACT[2] in out,

@@ -139,3 +139,42 @@ def test_real_pair_predicted_output_is_exact_and_drafted(real_pair):
     e.close()
     assert report["verdict"] == "OK", report
     assert st.prediction_tokens > 20 and st.prediction_accepted >= 0.5 * st.tokens, st
+
+
+@pytest.mark.realpair
+def test_real_pair_every_protocol_streams_the_chat_completions_text(real_pair, tmp_path):
+    """The same greedy question through OpenAI chat, Anthropic Messages (streamed), Responses (streamed) and
+    Ollama's /api/chat (streamed NDJSON), speculation on: the same text each time; a tool call through the
+    anthropic and ollama packages (the real pair decides to call it)."""
+    import anthropic
+    import ollama
+    import openai
+    from serverproc import ServerProcess
+
+    target, draft = real_pair
+    srv = ServerProcess(["--target", str(target), "--draft", str(draft), "-c", "2048", "--temperature", "0"], tmp_path)
+    try:
+        q = "Write a Python function that returns the sum of a list of numbers."
+        oai = openai.OpenAI(base_url=srv.url + "/v1", api_key="none", max_retries=0)
+        expected = oai.chat.completions.create(model="x", messages=[{"role": "user", "content": q}],
+                                               max_tokens=60).choices[0].message.content
+        ant = anthropic.Anthropic(base_url=srv.url, api_key="none", max_retries=0)
+        with ant.messages.stream(model="x", max_tokens=60, messages=[{"role": "user", "content": q}]) as s:
+            assert "".join(s.text_stream) == expected
+            assert s.get_final_message().model_extra["timings"]["predicted_n"] == 60
+        with oai.responses.stream(model="x", input=q, max_output_tokens=60) as s:
+            assert "".join(e.delta for e in s if e.type == "response.output_text.delta") == expected
+        olla = ollama.Client(host=srv.url)
+        parts = list(olla.chat(model="x", messages=[{"role": "user", "content": q}], stream=True,
+                               options={"num_predict": 60}))
+        assert "".join(p.message.content for p in parts) == expected and parts[-1].eval_count == 60
+        ask = "What's the weather in Paris right now?"
+        m = ant.messages.create(model="x", max_tokens=100, messages=[{"role": "user", "content": ask}], tools=[{
+            "name": "get_weather", "description": WEATHER["function"]["description"],
+            "input_schema": WEATHER["function"]["parameters"]}])
+        use = next(b for b in m.content if b.type == "tool_use")
+        assert m.stop_reason == "tool_use" and use.name == "get_weather" and use.input == {"city": "Paris"}
+        r = olla.chat(model="x", messages=[{"role": "user", "content": ask}], tools=[WEATHER])
+        assert r.message.tool_calls[0].function.name == "get_weather"
+    finally:
+        assert srv.stop() == 0, srv.output()

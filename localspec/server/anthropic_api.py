@@ -17,8 +17,8 @@ from starlette.responses import JSONResponse, Response
 
 from ..engine import Message
 from . import shapes
-from .chat import END, LENGTH, STOP_SEQUENCE, TOOL_CALLS, ChatRequest, End, Idle, Text, open_chat, prompt_size
-from .http import ServerState, read_body, stream
+from .chat import END, LENGTH, STOP_SEQUENCE, TOOL_CALLS, ChatRequest, End, Idle, Text, joined_text, open_chat, prompt_size
+from .http import ServerState, named_sse, read_body, stream
 from .protocol import ApiError, gen_settings, integer
 from .tools import tool_request
 
@@ -37,27 +37,11 @@ def errors(e: ApiError) -> dict:
 ERRORS = errors
 
 
-def frame(obj: dict) -> str:
-    """Anthropic's SSE: each event named by its type."""
-    return f"event: {obj.get('type', 'error')}\ndata: {json.dumps(obj, ensure_ascii=False, separators=(',', ':'))}\n\n"
-
-
 # --- request in ----------------------------------------------------------------------------------
 def _text_of(blocks, where: str) -> str:
-    """A string, or text blocks joined (cache_control and citations ignored)."""
-    if isinstance(blocks, str):
-        return blocks
-    if not isinstance(blocks, list):
-        raise ApiError(400, f"{where} must be a string or a list of content blocks")
-    parts = []
-    for i, b in enumerate(blocks):
-        kind = b.get("type") if isinstance(b, dict) else None
-        if kind == "text" and isinstance(b.get("text"), str):
-            parts.append(b["text"])
-        elif kind not in ("thinking", "redacted_thinking"):  # a model without thinking: earlier thoughts dropped
-            raise ApiError(400, f"{where}[{i}]: {kind or 'a block without a type'} blocks are not supported "
-                                "here (text, tool_use and tool_result are)")
-    return "".join(parts)
+    """A string, or text blocks joined (cache_control and citations ignored; a model without thinking
+    drops earlier thoughts; images and documents are a 400)."""
+    return joined_text(blocks, where, ("text",), ("thinking", "redacted_thinking"))
 
 
 def _system(blocks) -> str:
@@ -219,7 +203,7 @@ async def messages(request: Request, state: ServerState) -> Response:
                    "delta": {"type": "input_json_delta", "partial_json": json.dumps(block["input"], ensure_ascii=False)}}
             yield {"type": "content_block_stop", "index": index}
             index += 1
-    return stream(run.run, events(), frame=frame, errors=errors)
+    return stream(run.run, events(), frame=named_sse, errors=errors)
 
 
 async def count_tokens(request: Request, state: ServerState) -> Response:

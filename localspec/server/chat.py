@@ -138,3 +138,21 @@ async def prompt_size(engine, messages: list[Message], tools: list | None) -> in
         return len(await asyncio.to_thread(engine.prompt_tokens, messages, False, tools))
     except LocalspecError as e:
         raise ApiError(400, str(e))
+
+
+def joined_text(content, where: str, text_kinds: tuple[str, ...], skipped: tuple[str, ...] = ()) -> str:
+    """A string, or the text of a list of typed parts joined (parts of a kind in `skipped` dropped); any
+    other part is a 400 that names it."""
+    if isinstance(content, str):
+        return content
+    if not isinstance(content, list):
+        raise ApiError(400, f"{where} must be a string or a list of content parts")
+    parts = []
+    for i, p in enumerate(content):
+        kind = p.get("type") if isinstance(p, dict) else None
+        if kind in text_kinds and isinstance(p.get("text"), str):
+            parts.append(p["text"])
+        elif kind not in skipped:
+            raise ApiError(400, f"{where}[{i}]: {kind or 'a part without a type'} parts are not supported here "
+                                f"(only {', '.join(text_kinds)})")
+    return "".join(parts)

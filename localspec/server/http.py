@@ -162,6 +162,11 @@ def sse(obj) -> str:
     return f"data: {json.dumps(obj, ensure_ascii=False, separators=(',', ':'))}\n\n"
 
 
+def named_sse(obj: dict) -> str:
+    """SSE with each event named by its type (Anthropic's and the Responses API's framing)."""
+    return f"event: {obj.get('type', 'error')}\n{sse(obj)}"
+
+
 def stream(run: Run, events, media_type: str = "text/event-stream", frame=sse, errors: ErrorShape = openai_error):
     """A streamed response from an async generator of objects (framed by `frame`; a str passes as it is);
     an error ends the stream with an error object in the protocol's shape, never silently; a hang-up (or

@@ -51,6 +51,18 @@ def log_unexpected(where: str, e: BaseException) -> None:
     sys.stderr.flush()
 
 
+_NOTED: set[str] = set()
+
+
+def log_note(message: str) -> None:
+    """A line on the server's stderr about a request the server served differently than asked, once
+    per distinct message (an agent sends the same tools on every turn)."""
+    if message not in _NOTED:
+        _NOTED.add(message)
+        sys.stderr.write(f"localspec serve: {message}\n")
+        sys.stderr.flush()
+
+
 # JSON's escapes for UTF-16 surrogates: only a body that has one can hold a lone surrogate
 _SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")
 

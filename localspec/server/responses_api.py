@@ -5,7 +5,8 @@ as typed events with a `sequence_number`, and /v1/responses/input_tokens.
 `ChatRequest`; text and function calls come back as output items. `previous_response_id` continues a
 conversation this server answered (kept in a bounded memory, as `store` asks; the process forgets on
 restart). Reasoning items are accepted and dropped (the model has no reasoning mode); tools other than
-functions are a 400.
+functions (web_search and the other hosted tools, Codex's tool namespaces) are not offered to the model,
+as llama-server does, with a line in the server's log.
 """
 
 from __future__ import annotations
@@ -20,9 +21,9 @@ from starlette.responses import JSONResponse, Response
 
 from ..engine import Message
 from . import shapes
-from .chat import LENGTH, Answer, ChatRequest, End, Text, ToolCall, open_chat, prompt_size
-from .http import ServerState, read_body, stream
-from .protocol import ApiError, boolean, gen_settings, integer, string
+from .chat import LENGTH, Answer, ChatRequest, End, Text, ToolCall, joined_text, open_chat, prompt_size
+from .http import ServerState, named_sse, read_body, stream
+from .protocol import ApiError, boolean, gen_settings, integer, log_note, string
 from .tools import tool_request
 
 REMEMBERED = 256  # responses kept for previous_response_id, oldest forgotten first
@@ -59,18 +60,7 @@ def _memory(request: Request) -> Memory:
 
 # --- request in ----------------------------------------------------------------------------------
 def _text(content, where: str) -> str:
-    if isinstance(content, str):
-        return content
-    if not isinstance(content, list):
-        raise ApiError(400, f"{where} must be a string or a list of content parts")
-    parts = []
-    for i, p in enumerate(content):
-        kind = p.get("type") if isinstance(p, dict) else None
-        if kind in ("input_text", "output_text", "text") and isinstance(p.get("text"), str):
-            parts.append(p["text"])
-        elif kind != "refusal":
-            raise ApiError(400, f"{where}[{i}]: {kind or 'a part without a type'} is not supported here (text is)")
-    return "".join(parts)
+    return joined_text(content, where, ("input_text", "output_text", "text"), ("refusal",))
 
 
 def _items(items, turns: list[Message]) -> None:
@@ -119,13 +109,21 @@ def _tools(body: dict):
         return None
     if not isinstance(tools, list):
         raise ApiError(400, '"tools" must be a list of {"type": "function", "name", "parameters"} objects')
-    fns = []
+    fns, skipped = [], []
     for i, t in enumerate(tools):
-        if not isinstance(t, dict) or t.get("type") != "function" or not isinstance(t.get("name"), str):
-            kind = t.get("type") if isinstance(t, dict) else None
-            raise ApiError(400, f"tools[{i}]: {kind!r} tools are not supported here; give function tools "
-                                '{"type": "function", "name", "parameters"}')
+        if not isinstance(t, dict) or not isinstance(t.get("type"), str):
+            raise ApiError(400, f'tools[{i}] must be an object with a "type"')
+        if t["type"] != "function":  # hosted tools only OpenAI runs (web_search, ...): as llama-server, left out
+            skipped.append(t["type"])
+            continue
+        if not isinstance(t.get("name"), str):
+            raise ApiError(400, f'tools[{i}]: a function tool needs its "name"')
         fns.append({"type": "function", "function": {k: t[k] for k in ("name", "description", "parameters") if k in t}})
+    if skipped:
+        log_note(f"/v1/responses: tools of type {', '.join(sorted(set(skipped)))} are not offered to the model "
+                 "(only function tools are)")
+    if not fns:
+        return None
     choice = body.get("tool_choice")
     if isinstance(choice, dict) and choice.get("type") == "function":
         choice = {"type": "function", "function": {"name": choice.get("name")}}
@@ -221,11 +219,7 @@ async def responses(request: Request, state: ServerState) -> Response:
         if boolean(body, "store", True):
             _remember(request, chat, resp, a)
         return JSONResponse(resp.obj("completed", output, a.end))
-    return stream(run.run, _events(request, body, chat, run, resp), frame=_frame)
-
-
-def _frame(obj: dict) -> str:
-    return f"event: {obj.get('type', 'error')}\ndata: {json.dumps(obj, ensure_ascii=False, separators=(',', ':'))}\n\n"
+    return stream(run.run, _events(request, body, chat, run, resp), frame=named_sse)
 
 
 async def _events(request: Request, body: dict, chat: ChatRequest, run, resp: Response_):

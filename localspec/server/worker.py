@@ -228,8 +228,8 @@ class ServerSession:
             job.emit(("error", ApiError(503, CUT_SHORT)))
             return
         job.emit(("done", stats))
-        if engine.prompt_cache is not None and stats.stop_reason != "cancelled":
-            engine.prompt_cache.persist(stats.prompt_eval_tokens)  # after the answer: its client need not wait
+        if engine.prompt_cache is not None:  # after the answer (its client need not wait); a prompt whose
+            engine.prompt_cache.persist(stats.prompt_eval_tokens)  # client gave up is kept for its retry too
 
     def _generate(self, job: Job, prompt: list[int], cfg):
         engine, ex = self.engine, job.extras

@@ -1,0 +1,87 @@
+"""scripts/agent-check: Claude Code's first question cold on llama-server and on localspec serve, then warm
+on a restarted localspec serve (the prompt restored from disk). Each server runs alone; every request goes
+through the recording proxy of scripts/clients, so the table shows how many requests each question took
+and how many prompt tokens each server evaluated."""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "scripts"))
+sys.path.insert(0, str(ROOT / "tests"))
+import agent_clients  # noqa: E402
+import clients  # noqa: E402
+import llamacpp_tools  # noqa: E402
+from serverproc import ServerProcess  # noqa: E402
+
+
+def prompt_tokens_total(port: int) -> int | None:
+    """The server's own count of prompt tokens evaluated (llama.cpp's metric, which both servers export)."""
+    import urllib.request
+
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as r:
+            text = r.read().decode()
+    except OSError:
+        return None
+    for line in text.splitlines():
+        if line.startswith("llamacpp:prompt_tokens_total"):
+            return int(float(line.split()[-1]))
+    return None
+
+
+def ask(label: str, upstream: int, tools: str | None) -> dict:
+    rec = clients.Recorder(upstream)
+    url = f"http://127.0.0.1:{clients.start_proxy(rec)}"
+    r, took = agent_clients.run_claude(clients, url, tools=tools)
+    out = (r.stdout.strip() or r.stderr.strip()).replace("\n", " ")
+    msgs = [x for x in rec.seen if x["path"].startswith("/v1/messages")]
+    evaluated = prompt_tokens_total(upstream)
+    row = {"run": label, "seconds": round(took), "answered": agent_clients.FILE_FACT[2] in out, "requests": len(msgs),
+           "prompt_evaluated": evaluated, "answer": out[-100:]}
+    print(row, file=sys.stderr, flush=True)
+    return row
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--skip-llama", action="store_true", help="localspec only")
+    p.add_argument("--tools", default=None, help="Claude Code's --tools (default: all of them, its real first prompt)")
+    a = p.parse_args()
+    from localspec.models import bundle_paths_if_installed
+
+    target, _ = bundle_paths_if_installed()
+    rows = []
+    if not a.skip_llama:
+        binary = llamacpp_tools.build("llama-server")
+        log = Path(tempfile.mkdtemp(prefix="agent-check-")) / "llama-server.log"
+        llama = llamacpp_tools.LlamaServer(binary, str(target), ["-c", "32768", "--jinja", "--temp", "0", "--metrics"], log)
+        try:
+            rows.append(ask("llama-server, first question", llama.port, a.tools))
+        finally:
+            llama.stop()
+    home = Path(tempfile.mkdtemp(prefix="agent-check-home-"))
+    models = Path.home() / ".local/share/localspec/models"
+    if models.is_dir():  # the bundle's files, so the fresh data root need not assemble them again
+        shutil.copytree(models, home / "models")
+    for label in ("localspec serve, first question (cold)", "localspec serve restarted, new session (warm: disk)"):
+        srv = ServerProcess(["--temperature", "0"], home)
+        try:
+            rows.append(ask(label, srv.port, a.tools))
+        finally:
+            srv.stop()
+    print("| run | claude -p wall time | answered | /v1/messages requests | prompt tokens evaluated | answer |")
+    print("|---|---|---|---|---|---|")
+    for r in rows:
+        print(f"| {r['run']} | {r['seconds']} s | {'yes' if r['answered'] else 'no'} | {r['requests']} | "
+              f"{r['prompt_evaluated']} | {r['answer'].replace('|', '/')} |")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
