@@ -11,7 +11,8 @@ from pathlib import Path
 
 PY = {"anthropic": ["anthropic"], "ollama": ["ollama"], "openai-agents": ["openai-agents"],
       "llm-ollama": ["llm-ollama", "llm"]}
-NPM = {"claude": "@anthropic-ai/claude-code", "codex": "@openai/codex"}
+NPM = {"claude": "@anthropic-ai/claude-code", "codex": "@openai/codex", "opencode": "opencode-ai",
+       "qwen": "@qwen-code/qwen-code"}
 FAST = ["anthropic", "ollama"]
 FILE_FACT = ("config.py", "MAGIC = 4817\nNAME = 'localspec'\n", "4817")  # a file an agent must read to answer
 
@@ -161,6 +162,40 @@ def check_codex(h, url: str) -> list[tuple[str, bool, str]]:
              (out or r.stderr.strip())[-160:])]
 
 
+def check_opencode(h, url: str) -> list[tuple[str, bool, str]]:
+    """opencode headless (`opencode run`), a provider through the AI SDK's OpenAI-compatible package."""
+    import json
+
+    opencode = h.npm_env("opencode") / "node_modules/.bin/opencode"
+    work, home = _project(), Path(tempfile.mkdtemp(prefix="opencode-home-"))
+    (work / "opencode.json").write_text(json.dumps({
+        "$schema": "https://opencode.ai/config.json", "model": "localspec/qwen2.5-coder-1.5b",
+        "provider": {"localspec": {"npm": "@ai-sdk/openai-compatible", "name": "localspec",
+                                   "options": {"baseURL": f"{url}/v1"},
+                                   "models": {"qwen2.5-coder-1.5b": {"name": "qwen2.5-coder-1.5b"}}}}}))
+    env = {**os.environ, "HOME": str(home), "XDG_CONFIG_HOME": str(home / ".config"),
+           "XDG_DATA_HOME": str(home / ".local/share"), "OPENCODE_DISABLE_AUTOUPDATE": "1"}
+    r = h.run([str(opencode), "run", QUESTION], cwd=work, env=env, timeout=1800)
+    out = r.stdout.strip()
+    return [("opencode run: a question that needs its read tool", FILE_FACT[2] in out, (out or r.stderr.strip())[-160:])]
+
+
+def check_qwen(h, url: str) -> list[tuple[str, bool, str]]:
+    """Qwen Code headless (`qwen -p`), its OpenAI-compatible provider."""
+    import json
+
+    qwen = h.npm_env("qwen") / "node_modules/.bin/qwen"
+    work, home = _project(), Path(tempfile.mkdtemp(prefix="qwen-home-"))
+    (home / ".qwen").mkdir()
+    (home / ".qwen/settings.json").write_text(json.dumps({"security": {"auth": {"selectedType": "openai"}},
+                                                          "privacy": {"usageStatisticsEnabled": False}}))
+    env = {**os.environ, "HOME": str(home), "OPENAI_BASE_URL": f"{url}/v1", "OPENAI_API_KEY": "none",
+           "OPENAI_MODEL": "qwen2.5-coder-1.5b"}
+    r = h.run([str(qwen), "-p", QUESTION, "--yolo"], cwd=work, env=env, timeout=1800)
+    out = r.stdout.strip()
+    return [("qwen -p: a question that needs its read tool", FILE_FACT[2] in out, (out or r.stderr.strip())[-160:])]
+
+
 def clients(h) -> dict:
     return {
         "anthropic": lambda url, a: h.python_checks("anthropic", url, h.CHECK + ANTHROPIC),
@@ -169,4 +204,6 @@ def clients(h) -> dict:
         "llm-ollama": lambda url, a: check_llm_ollama(h, url),
         "claude": lambda url, a: check_claude(h, url),
         "codex": lambda url, a: check_codex(h, url),
+        "opencode": lambda url, a: check_opencode(h, url),
+        "qwen": lambda url, a: check_qwen(h, url),
     }

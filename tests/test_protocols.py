@@ -207,3 +207,35 @@ def test_ollama_ndjson_streaming_by_default(server):
     lines = [json.loads(x) for x in r.text.splitlines()]
     assert not lines[0]["done"] and lines[-1]["done"] and "draft_n" in lines[-1]
     assert lines[-1]["eval_count"] == 8 and lines[-1]["done_reason"] == "length"
+
+
+def test_bad_input_is_a_400_in_each_protocols_shape(server):
+    """Wrong types and unsupported features: a 400 that names the field, in the protocol's own error shape;
+    the server stays up."""
+    msgs = [{"role": "user", "content": "hi"}]
+    cases = [
+        ("/v1/messages", {"max_tokens": "4", "messages": msgs}, "max_tokens"),
+        ("/v1/messages", {"max_tokens": 4, "messages": msgs, "tool_choice": {"type": "maybe"}}, "tool_choice"),
+        ("/v1/messages", {"max_tokens": 4, "messages": msgs, "temperature": "hot"}, "temperature"),
+        ("/v1/messages/count_tokens", {"messages": "hi"}, "messages"),
+        ("/v1/responses", {"input": 5}, "input"),
+        ("/v1/responses", {"input": [{"type": "computer_call"}]}, "computer_call"),
+        ("/v1/responses", {"input": "x", "max_output_tokens": 0}, "max_output_tokens"),
+        ("/v1/responses", {"input": "x", "text": {"format": {"type": "xml"}}}, "response_format"),
+        ("/api/chat", {"messages": [{"role": "robot", "content": "x"}]}, "role"),
+        ("/api/chat", {"messages": msgs, "options": {"num_predict": "many"}}, "num_predict"),
+        ("/api/chat", {"messages": msgs, "format": 5}, "format"),
+        ("/api/chat", {"messages": [{"role": "user", "content": "x", "images": ["aGk="]}]}, "images"),
+        ("/api/generate", {"prompt": "x", "template": "{{ .Prompt }}"}, "template"),
+    ]
+    for path, body, words in cases:
+        r = post(server, path, body)
+        assert r.status_code == 400, (path, body, r.text)
+        err = r.json()["error"]
+        message = err if isinstance(err, str) else err["message"]
+        assert words in message, (path, body, message)
+        if path.startswith("/v1/messages"):
+            assert r.json()["type"] == "error" and err["type"] == "invalid_request_error"
+    assert post(server, "/api/pull", {"model": "llama3"}).status_code == 501
+    assert post(server, "/api/embed", {"model": "x", "input": "hi"}).status_code == 501
+    assert httpx.get(server.url + "/health").status_code == 200
