@@ -35,10 +35,10 @@ def prompt_tokens_total(port: int) -> int | None:
     return None
 
 
-def ask(label: str, upstream: int, tools: str | None) -> dict:
+def ask(label: str, upstream: int, tools: str | None, work: Path, home: Path) -> dict:
     rec = clients.Recorder(upstream)
     url = f"http://127.0.0.1:{clients.start_proxy(rec)}"
-    r, took = agent_clients.run_claude(clients, url, tools=tools)
+    r, took = agent_clients.run_claude(clients, url, tools=tools, work=work, home=home)
     out = (r.stdout.strip() or r.stderr.strip()).replace("\n", " ")
     msgs = [x for x in rec.seen if x["path"].startswith("/v1/messages")]
     evaluated = prompt_tokens_total(upstream)
@@ -52,27 +52,35 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--skip-llama", action="store_true", help="localspec only")
     p.add_argument("--tools", default=None, help="Claude Code's --tools (default: all of them, its real first prompt)")
+    p.add_argument("--warm-only", nargs=3, type=Path, metavar=("DATA_ROOT", "PROJECT", "CLAUDE_HOME"),
+                   help="only the warm run, on the data root, project directory and Claude Code HOME of an earlier run")
     a = p.parse_args()
     from localspec.models import bundle_paths_if_installed
 
     target, _ = bundle_paths_if_installed()
     rows = []
-    if not a.skip_llama:
+    # One project directory and one HOME for every run, as for a user: Claude Code's system prompt names
+    # both (its memory directory is under HOME) before its tools, so a session elsewhere would share only
+    # the first ~600 tokens of the prompt.
+    work = a.warm_only[1] if a.warm_only else agent_clients.project()
+    claude_home = a.warm_only[2] if a.warm_only else Path(tempfile.mkdtemp(prefix="claude-home-"))
+    if not (a.skip_llama or a.warm_only):
         binary = llamacpp_tools.build("llama-server")
         log = Path(tempfile.mkdtemp(prefix="agent-check-")) / "llama-server.log"
         llama = llamacpp_tools.LlamaServer(binary, str(target), ["-c", "32768", "--jinja", "--temp", "0", "--metrics"], log)
         try:
-            rows.append(ask("llama-server, first question", llama.port, a.tools))
+            rows.append(ask("llama-server, first question", llama.port, a.tools, work, claude_home))
         finally:
             llama.stop()
-    home = Path(tempfile.mkdtemp(prefix="agent-check-home-"))
+    home = a.warm_only[0] if a.warm_only else Path(tempfile.mkdtemp(prefix="agent-check-home-"))
     models = Path.home() / ".local/share/localspec/models"
-    if models.is_dir():  # the bundle's files, so the fresh data root need not assemble them again
+    if models.is_dir() and not (home / "models").exists():  # the bundle's files, not assembled again
         shutil.copytree(models, home / "models")
-    for label in ("localspec serve, first question (cold)", "localspec serve restarted, new session (warm: disk)"):
+    labels = ["localspec serve, first question (cold)", "localspec serve restarted, new session (warm: disk)"]
+    for label in labels[1:] if a.warm_only else labels:
         srv = ServerProcess(["--temperature", "0"], home)
         try:
-            rows.append(ask(label, srv.port, a.tools))
+            rows.append(ask(label, srv.port, a.tools, work, claude_home))
         finally:
             srv.stop()
     print("| run | claude -p wall time | answered | /v1/messages requests | prompt tokens evaluated | answer |")

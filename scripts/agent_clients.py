@@ -107,7 +107,7 @@ def check_llm_ollama(h, url: str) -> list[tuple[str, bool, str]]:
             (f"llm -m {name}", r.returncode == 0 and bool(r.stdout.strip()), (r.stdout.strip() or r.stderr.strip())[-120:])]
 
 
-def _project() -> Path:
+def project() -> Path:
     work = Path(tempfile.mkdtemp(prefix="agent-project-"))
     name, text, _ = FILE_FACT
     (work / name).write_text(text)
@@ -124,13 +124,14 @@ def claude_env(url: str, home: Path) -> dict:
             "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1", "DISABLE_TELEMETRY": "1", "DISABLE_AUTOUPDATER": "1"}
 
 
-def run_claude(h, url: str, tools: str | None = "Read", work: Path | None = None):
-    """`claude -p QUESTION` in a new session (its own HOME); tools=None: all of Claude Code's tools (its
-    whole ~19k-token first prompt). Returns the finished process and its wall time."""
+def run_claude(h, url: str, tools: str | None = "Read", work: Path | None = None, home: Path | None = None):
+    """`claude -p QUESTION` in a new session (in `work`, with `home` as HOME: its system prompt names both);
+    tools=None: all of Claude Code's tools (its whole ~19k-token first prompt). Returns the finished
+    process and its wall time."""
     import time
 
     claude = h.npm_env("claude") / "node_modules/.bin/claude"
-    work, home = work or _project(), Path(tempfile.mkdtemp(prefix="claude-home-"))
+    work, home = work or project(), home or Path(tempfile.mkdtemp(prefix="claude-home-"))
     args = [str(claude), "-p", QUESTION, "--allowedTools", "Read", "--max-turns", "4"]
     if tools:  # a 1.5B model loses its way among two dozen tools; the Read tool alone is what the check needs
         args += ["--tools", tools]
@@ -150,7 +151,7 @@ def check_claude(h, url: str) -> list[tuple[str, bool, str]]:
 def check_codex(h, url: str) -> list[tuple[str, bool, str]]:
     """Codex CLI headless, a provider whose base_url is the server, wire_api "responses"."""
     codex = h.npm_env("codex") / "node_modules/.bin/codex"
-    work, home = _project(), Path(tempfile.mkdtemp(prefix="codex-home-"))
+    work, home = project(), Path(tempfile.mkdtemp(prefix="codex-home-"))
     (home / "config.toml").write_text(
         'model = "qwen"\nmodel_provider = "localspec"\n\n[model_providers.localspec]\nname = "localspec"\n'
         f'base_url = "{url}/v1"\nwire_api = "responses"\n')
@@ -167,7 +168,7 @@ def check_opencode(h, url: str) -> list[tuple[str, bool, str]]:
     import json
 
     opencode = h.npm_env("opencode") / "node_modules/.bin/opencode"
-    work, home = _project(), Path(tempfile.mkdtemp(prefix="opencode-home-"))
+    work, home = project(), Path(tempfile.mkdtemp(prefix="opencode-home-"))
     (work / "opencode.json").write_text(json.dumps({
         "$schema": "https://opencode.ai/config.json", "model": "localspec/qwen2.5-coder-1.5b",
         "provider": {"localspec": {"npm": "@ai-sdk/openai-compatible", "name": "localspec",
@@ -185,7 +186,7 @@ def check_qwen(h, url: str) -> list[tuple[str, bool, str]]:
     import json
 
     qwen = h.npm_env("qwen") / "node_modules/.bin/qwen"
-    work, home = _project(), Path(tempfile.mkdtemp(prefix="qwen-home-"))
+    work, home = project(), Path(tempfile.mkdtemp(prefix="qwen-home-"))
     (home / ".qwen").mkdir()
     (home / ".qwen/settings.json").write_text(json.dumps({"security": {"auth": {"selectedType": "openai"}},
                                                           "privacy": {"usageStatisticsEnabled": False}}))
