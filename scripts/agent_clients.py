@@ -98,12 +98,14 @@ check("function tool round trip (Responses)", run)
 
 
 def check_llm_ollama(h, url: str) -> list[tuple[str, bool, str]]:
+    """`llm` with the llm-ollama plugin: the server's models are listed as llm models, then prompted."""
     bin_ = h.python_env("llm-ollama")
     env = {**os.environ, "LLM_USER_PATH": tempfile.mkdtemp(prefix="llm-home-"), "OLLAMA_HOST": url}
-    listed = h.run([str(bin_ / "llm"), "ollama", "list-models"], env=env, timeout=120)
-    name = (listed.stdout.split() or ["?"])[0]
+    listed = h.run([str(bin_ / "llm"), "models"], env=env, timeout=120)
+    found = [ln.split()[1] for ln in listed.stdout.splitlines() if ln.startswith("Ollama:")]
+    name = found[0] if found else "?"
     r = h.run([str(bin_ / "llm"), "-m", name, "-o", "num_predict", "16", "Say hello in one word."], env=env, timeout=300)
-    return [("llm ollama list-models", listed.returncode == 0 and name != "?", listed.stdout.strip()[:80] or listed.stderr[-120:]),
+    return [("llm models (the server's /api/tags)", bool(found), name if found else listed.stderr[-120:]),
             (f"llm -m {name}", r.returncode == 0 and bool(r.stdout.strip()), (r.stdout.strip() or r.stderr.strip())[-120:])]
 
 
@@ -158,9 +160,12 @@ def check_codex(h, url: str) -> list[tuple[str, bool, str]]:
     env = {**os.environ, "CODEX_HOME": str(home)}
     r = h.run([str(codex), "exec", "--skip-git-repo-check", "--sandbox", "read-only", SHELL_QUESTION], cwd=work, env=env,
               timeout=1800)
-    out = r.stdout.strip()
-    return [("codex exec: reads a file and answers", r.returncode == 0 and FILE_FACT[2] in out,
-             (out or r.stderr.strip())[-160:])]
+    out = (r.stdout + r.stderr).strip()
+    answer = r.stdout.strip()
+    return [("codex exec: its shell tool runs through Responses function calls (the file's text comes back)",
+             "MAGIC = 4817" in out, out[-160:]),
+            ("codex exec: the answer names the value", r.returncode == 0 and FILE_FACT[2] in answer,
+             (answer or r.stderr.strip())[-160:])]
 
 
 def check_opencode(h, url: str) -> list[tuple[str, bool, str]]:
@@ -175,8 +180,10 @@ def check_opencode(h, url: str) -> list[tuple[str, bool, str]]:
                                    "options": {"baseURL": f"{url}/v1"},
                                    "models": {"qwen2.5-coder-1.5b": {"name": "qwen2.5-coder-1.5b"}}}}}))
     env = {**os.environ, "HOME": str(home), "XDG_CONFIG_HOME": str(home / ".config"),
-           "XDG_DATA_HOME": str(home / ".local/share"), "OPENCODE_DISABLE_AUTOUPDATE": "1"}
-    r = h.run([str(opencode), "run", QUESTION], cwd=work, env=env, timeout=1800)
+           "XDG_DATA_HOME": str(home / ".local/share"), "OPENCODE_DISABLE_AUTOUPDATE": "1",
+           "OPENCODE_CONFIG": str(work / "opencode.json")}
+    r = h.run([str(opencode), "run", "--model", "localspec/qwen2.5-coder-1.5b", QUESTION], cwd=work, env=env,
+              timeout=1800)
     out = r.stdout.strip()
     return [("opencode run: a question that needs its read tool", FILE_FACT[2] in out, (out or r.stderr.strip())[-160:])]
 

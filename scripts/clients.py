@@ -145,7 +145,7 @@ def start_proxy(rec: Recorder) -> int:
             seen = summary(self.command, self.path, self.headers, body)
             seen["t_start"] = time.monotonic()
             rec.seen.append(seen)
-            conn = http.client.HTTPConnection("127.0.0.1", rec.upstream, timeout=600)
+            conn = http.client.HTTPConnection("127.0.0.1", rec.upstream, timeout=3600)  # agents' prompts: minutes
             headers = {k: v for k, v in self.headers.items() if k.lower() not in ("host", "connection", "content-length")}
             conn.request(self.command, self.path, body=body or None, headers=headers)
             resp = conn.getresponse()

@@ -3,6 +3,8 @@ n-gram memory across requests."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 from conftest import THREADS
 from tinygguf import FIM_TOKENS
@@ -160,3 +162,17 @@ def test_a_long_prompt_outlives_the_process_on_disk(tiny, tmp_path):
     e.close()
     other = DiskPrompts(tmp_path, "another-model.gguf", 256 << 20)
     assert other.best(prompt) == (None, 0)
+
+
+def test_tool_calls_with_doubled_braces_are_parsed():
+    """Qwen2.5-Coder 1.5B, given a system prompt, answers '{{"name": ..., "arguments": {...}}}' (measured);
+    the call inside is taken, and ordinary text with braces stays text."""
+    from localspec.server.tools import split_calls
+
+    names = ["get_weather"]
+    for text in ('{{"name": "get_weather", "arguments": {"city": "Paris"}}}',
+                 '{{"name": "get_weather", "arguments": {"city": "Paris"}}}}'):
+        content, calls = split_calls(text, names)
+        assert content == "" and json.loads(calls[0]["function"]["arguments"]) == {"city": "Paris"}
+    for text in ('{{"name": "other", "arguments": {}}}', '{{ not json }}', '{"name": "get_weather"} and more'):
+        assert split_calls(text, names) == (text, [])

@@ -18,14 +18,13 @@ from starlette.responses import JSONResponse, Response
 from ..engine import Message
 from . import shapes
 from .chat import END, LENGTH, STOP_SEQUENCE, TOOL_CALLS, ChatRequest, End, Idle, Text, joined_text, open_chat, prompt_size
-from .http import ServerState, named_sse, read_body, stream
+from .http import KEEPALIVE_S, ServerState, named_sse, read_body, stream
 from .protocol import ApiError, gen_settings, integer
 from .tools import tool_request
 
 STOP_REASON = {END: "end_turn", STOP_SEQUENCE: "stop_sequence", LENGTH: "max_tokens", TOOL_CALLS: "tool_use"}
 ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
                404: "not_found_error", 413: "request_too_large", 429: "rate_limit_error", 503: "overloaded_error"}
-PING_S = 10.0  # a ping this often while a long prompt evaluates (an agent's 19k tokens take minutes on a CPU)
 BILLING = "x-anthropic-billing-header:"
 SETTINGS = ("temperature", "top_p", "top_k", "stream", "spec", "drafter", "speculative", "seed")  # passed through
 
@@ -86,6 +85,9 @@ def _turn(m, i: int) -> list[Message]:
 
 def _tools(body: dict):
     """Anthropic tools ({name, description, input_schema}) and tool_choice as the internal tool request."""
+    choice = body.get("tool_choice") or {"type": "auto"}
+    if not isinstance(choice, dict) or choice.get("type") not in ("auto", "any", "tool", "none"):
+        raise ApiError(400, '"tool_choice" must be {"type": "auto" | "any" | "tool" | "none"}')
     tools = body.get("tools")
     if not tools:
         return None
@@ -101,9 +103,6 @@ def _tools(body: dict):
             raise ApiError(400, f'tools.{i} needs a "name" and an "input_schema" object')
         fns.append({"type": "function", "function": {"name": t["name"], "description": t.get("description", ""),
                                                      "parameters": t.get("input_schema") or {"type": "object"}}})
-    choice = body.get("tool_choice") or {"type": "auto"}
-    if not isinstance(choice, dict) or choice.get("type") not in ("auto", "any", "tool", "none"):
-        raise ApiError(400, '"tool_choice" must be {"type": "auto" | "any" | "tool" | "none"}')
     kind = choice["type"]
     oai_choice = {"auto": "auto", "any": "required", "none": "none"}.get(kind) or \
         {"type": "function", "function": {"name": choice.get("name")}}
@@ -176,7 +175,7 @@ async def messages(request: Request, state: ServerState) -> Response:
         yield {"type": "message_start", "message": _message(msg_id, model, [], None, run.prompt_len)}
         yield {"type": "ping"}
         index, text_open = 0, False
-        async for ev in run.events(idle_s=PING_S):
+        async for ev in run.events(idle_s=KEEPALIVE_S):
             if isinstance(ev, Idle):
                 yield {"type": "ping"}
                 continue

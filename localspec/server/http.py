@@ -23,6 +23,11 @@ POLL_S = 0.25  # how often a waiting non-streamed request checks that its client
 BIG_BODY_BYTES = 256 << 10  # parsed off the event loop above this, so /health and streams never stall
 
 ErrorShape = Callable[[ApiError], dict]  # a protocol's error body
+# While a long prompt evaluates (an agent's 10-20k tokens take minutes on a laptop CPU) an SSE stream sends
+# a comment this often: SSE parsers skip it, and clients that end a silent stream (Node's fetch after 300 s)
+# see bytes arrive.
+KEEPALIVE_S = 10.0
+KEEPALIVE = ": keep-alive\n\n"
 
 
 @dataclass

@@ -7,8 +7,8 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from . import shapes
-from .chat import LENGTH, TOOL_CALLS, ChatRequest, End, Text, ToolCall, open_chat
-from .http import Run, ServerState, read_body, stream
+from .chat import LENGTH, TOOL_CALLS, ChatRequest, End, Idle, Text, ToolCall, open_chat
+from .http import KEEPALIVE, KEEPALIVE_S, Run, ServerState, read_body, stream
 from .protocol import chat_messages, completion_tokens, gen_settings
 from .tools import tool_request
 
@@ -31,8 +31,10 @@ async def chat_completions(request: Request, state: ServerState) -> Response:
 
     async def events():
         yield shapes.oai_chat_chunk(obj_id, model, {"role": "assistant", "content": None})
-        async for ev in run.events():
-            if isinstance(ev, Text):
+        async for ev in run.events(idle_s=KEEPALIVE_S):
+            if isinstance(ev, Idle):
+                yield KEEPALIVE
+            elif isinstance(ev, Text):
                 yield shapes.oai_chat_chunk(obj_id, model, {"content": ev.text})
             elif isinstance(ev, ToolCall):
                 yield shapes.oai_chat_chunk(obj_id, model, {"tool_calls": [{"index": ev.index, **ev.call}]})

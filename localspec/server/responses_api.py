@@ -21,8 +21,8 @@ from starlette.responses import JSONResponse, Response
 
 from ..engine import Message
 from . import shapes
-from .chat import LENGTH, Answer, ChatRequest, End, Text, ToolCall, joined_text, open_chat, prompt_size
-from .http import ServerState, named_sse, read_body, stream
+from .chat import LENGTH, Answer, ChatRequest, End, Idle, Text, ToolCall, joined_text, open_chat, prompt_size
+from .http import KEEPALIVE, KEEPALIVE_S, ServerState, named_sse, read_body, stream
 from .protocol import ApiError, boolean, gen_settings, integer, log_note, string
 from .tools import tool_request
 
@@ -233,7 +233,10 @@ async def _events(request: Request, body: dict, chat: ChatRequest, run, resp: Re
     yield ev("response.created", response=resp.obj("in_progress", []))
     yield ev("response.in_progress", response=resp.obj("in_progress", []))
     output, text, msg_id, calls = [], [], None, []
-    async for e in run.events():
+    async for e in run.events(idle_s=KEEPALIVE_S):
+        if isinstance(e, Idle):
+            yield KEEPALIVE
+            continue
         if isinstance(e, Text):
             if msg_id is None:
                 msg_id = f"msg_{uuid.uuid4().hex[:24]}"

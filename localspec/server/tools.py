@@ -98,9 +98,8 @@ def new_call(name: str, arguments) -> dict:
 def parse_call(block: str, names: list[str]) -> list[dict] | None:
     """A call's JSON ({"name", "arguments"}, or a list of them) as OpenAI tool calls, or None when it is
     not one: not JSON, or a name that is not among the tools (so ordinary JSON in an answer stays text)."""
-    try:
-        obj = json.loads(block)
-    except ValueError:
+    obj = _call_json(block)
+    if obj is None:
         return None
     objs = obj if isinstance(obj, list) and obj else [obj]
     calls = []
@@ -115,6 +114,24 @@ def parse_call(block: str, names: list[str]) -> list[dict] | None:
                 pass
         calls.append(new_call(o["name"], args))
     return calls
+
+
+def _call_json(block: str):
+    """The JSON of a call, or None. Small models given a system prompt sometimes double the outer braces
+    ('{{"name": ..., "arguments": {...}}}', seen from Qwen2.5-Coder 1.5B): the object inside is taken when
+    only closing braces follow it."""
+    try:
+        return json.loads(block)
+    except ValueError:
+        pass
+    text = block.strip()
+    if not text.startswith("{{"):
+        return None
+    try:
+        obj, end = json.JSONDecoder().raw_decode(text[1:])
+    except ValueError:
+        return None
+    return obj if set(text[1 + end:].strip()) <= {"}"} else None
 
 
 # Besides <tool_call> blocks, small models often answer with the call alone, bare or in a ```json fence;
