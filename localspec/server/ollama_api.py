@@ -65,9 +65,9 @@ def _settings(body: dict, state: ServerState):
         fields["json_schema"] = fmt
     elif fmt not in (None, ""):
         raise ApiError(400, '"format" must be "json" or a JSON schema object')
-    for k in ("spec", "drafter", "speculative"):
-        if k in body:
-            fields[k] = body[k]
+    for k in ("spec", "drafter", "speculative"):  # localspec's own, at the top level or among the options
+        if k in body or k in options:
+            fields[k] = body.get(k, options.get(k))
     fields["stream"] = boolean(body, "stream", True)
     return gen_settings(fields, state.server.session.gen, oai=False)
 
