@@ -35,7 +35,8 @@ def tools():
     use = next(b for b in m.content if b.type == "tool_use")
     q += [{"role": "assistant", "content": [b.model_dump() for b in m.content]},
           {"role": "user", "content": [{"type": "tool_result", "tool_use_id": use.id, "content": "sunny, 21 C"}]}]
-    final = c.messages.create(model="x", max_tokens=60, tools=WEATHER, messages=q)
+    # tool_choice none: the answer is text (with tools offered, the 1.5B model calls the tool again)
+    final = c.messages.create(model="x", max_tokens=60, tools=WEATHER, tool_choice={"type": "none"}, messages=q)
     text = "".join(b.text for b in final.content if b.type == "text")
     return m.stop_reason == "tool_use" and bool(text), f"{use.name}({use.input}) -> {text[:80]!r}"
 def count():

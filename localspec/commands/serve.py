@@ -21,13 +21,17 @@ def register(sub) -> None:
     from ..server import DEFAULT_PORT
 
     p = sub.add_parser(
-        "serve", help="serve the pair over HTTP (OpenAI /v1, llama-server's /completion and /infill)",
+        "serve", help="serve the pair over HTTP (OpenAI, Anthropic, Ollama and llama-server's APIs)",
         description="Loads the pair once and answers OpenAI clients (/v1/chat/completions, /v1/completions, "
-                    "/v1/models), llama.cpp clients (/completion, /infill for llama.vim and llama.vscode, /tokenize, "
-                    "/detokenize, /props, /health, /metrics). One generation runs at a time; others wait in order. "
+                    "/v1/responses, /v1/models), Anthropic clients such as Claude Code (/v1/messages), Ollama "
+                    "clients (/api/chat, /api/generate, /api/tags, ...), llama.cpp clients (/completion, /infill "
+                    "for llama.vim and llama.vscode, /tokenize, /detokenize, /props, /health, /metrics). One "
+                    "generation runs at a time; others wait in order. "
                     "Generation flags set the server's defaults; each request may override them.",
         epilog="examples:\n  localspec serve\n  localspec serve --port 8080 --api-key secret\n"
-               "  OPENAI_BASE_URL=http://127.0.0.1:8012/v1 OPENAI_API_KEY=none python my_script.py",
+               "  OPENAI_BASE_URL=http://127.0.0.1:8012/v1 OPENAI_API_KEY=none python my_script.py\n"
+               "  ANTHROPIC_BASE_URL=http://127.0.0.1:8012 ANTHROPIC_AUTH_TOKEN=none claude\n"
+               "  localspec serve --port 11434        # for apps that assume Ollama's port",
         formatter_class=argparse.RawDescriptionHelpFormatter)
     add_model_args(p, positional_pair=True)
     add_gen_args(p, unlimited=True)
