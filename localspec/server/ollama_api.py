@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import datetime as dt
 import json
-import math
 
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
@@ -200,10 +199,9 @@ async def generate(request: Request, state: ServerState) -> Response:
 def _details(state: ServerState) -> dict:
     m = state.server.model
     arch = m.meta("general.architecture") or ""
-    n_params = m.meta("general.size_label") or ""
+    quant = m.path.stem.rsplit("-", 1)[-1].upper()  # "...-instruct-q4_k_m.gguf" -> "Q4_K_M", as Ollama names it
     return {"parent_model": "", "format": "gguf", "family": arch, "families": [arch] if arch else None,
-            "parameter_size": n_params, "quantization_level": state.server.session.selection.target.rsplit("-", 1)[-1]
-            if state.server.session.selection.target else ""}
+            "parameter_size": m.meta("general.size_label") or "", "quantization_level": quant}
 
 
 def _entry(state: ServerState, name: str) -> dict:
@@ -240,9 +238,9 @@ async def show(request: Request, state: ServerState) -> Response:
 
 
 def _param_count(m) -> int:
-    label = (m.meta("general.size_label") or "").upper().rstrip("B")
+    """From the GGUF's size label ("1.5B"), 0 when it has none."""
     try:
-        return int(float(label) * 1e9) if label and math.isfinite(float(label)) else 0
+        return int(float((m.meta("general.size_label") or "0").upper().rstrip("B")) * 1e9)
     except ValueError:
         return 0
 

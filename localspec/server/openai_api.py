@@ -7,7 +7,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from . import shapes
-from .chat import LENGTH, TOOL_CALLS, ChatRequest, End, Idle, Text, ToolCall, open_chat
+from .chat import LENGTH, TOOL_CALLS, ChatRequest, End, Idle, Text, ToolCall, end_of, open_chat
 from .http import KEEPALIVE, KEEPALIVE_S, Run, ServerState, read_body, stream
 from .protocol import chat_messages, completion_tokens, gen_settings
 from .tools import tool_request
@@ -62,13 +62,13 @@ async def completions(request: Request, state: ServerState) -> Response:
     obj_id, model = shapes.new_id("cmpl"), state.model_id
     if not extras.stream:
         text, st = await run.collect(request)
-        return JSONResponse(shapes.oai_completion(obj_id, model, text, st, shapes.finish_reason(st)))
+        return JSONResponse(shapes.oai_completion(obj_id, model, text, st, finish(end_of(st, []))))
 
     async def events():
         async for text in run.texts():
             yield shapes.oai_completion(obj_id, model, text)
         st = run.stats
-        last = shapes.oai_completion(obj_id, model, "", None, shapes.finish_reason(st))
+        last = shapes.oai_completion(obj_id, model, "", None, finish(end_of(st, [])))
         for out in stream_end(last, st, "text_completion", extras.include_usage):
             yield out
     return stream(run, events())

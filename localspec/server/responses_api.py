@@ -172,7 +172,7 @@ def _call_item(call: dict, status: str = "completed") -> dict:
             "arguments": call["function"]["arguments"] if status == "completed" else "", "status": status}
 
 
-class Response_:
+class ResponseObject:
     """The response object as it grows."""
 
     def __init__(self, body: dict, model: str, prev: str | None):
@@ -201,7 +201,7 @@ class Response_:
         return out
 
 
-def _remember(request: Request, chat: ChatRequest, resp: Response_, a: Answer) -> None:
+def _remember(request: Request, chat: ChatRequest, resp: ResponseObject, a: Answer) -> None:
     calls = [{**c, "function": {**c["function"], "arguments": _arguments(c["function"]["arguments"])}} for c in a.calls]
     answer = Message("assistant", a.content, {"tool_calls": calls} if calls else None)
     _memory(request).put(resp.id, [*chat.messages, answer])
@@ -211,7 +211,7 @@ async def responses(request: Request, state: ServerState) -> Response:
     body = await read_body(request)
     chat = chat_request(body, request, state)
     run = await open_chat(request, state, chat)
-    resp = Response_(body, string(body, "model") or state.model_id, string(body, "previous_response_id"))
+    resp = ResponseObject(body, string(body, "model") or state.model_id, string(body, "previous_response_id"))
     if not chat.extras.stream:
         a = await run.answer(request)
         output = ([_message_item(f"msg_{uuid.uuid4().hex[:24]}", a.content)] if a.content or not a.calls else [])
@@ -222,7 +222,7 @@ async def responses(request: Request, state: ServerState) -> Response:
     return stream(run.run, _events(request, body, chat, run, resp), frame=named_sse)
 
 
-async def _events(request: Request, body: dict, chat: ChatRequest, run, resp: Response_):
+async def _events(request: Request, body: dict, chat: ChatRequest, run, resp: ResponseObject):
     seq = 0
 
     def ev(kind: str, **fields) -> dict:

@@ -9,7 +9,6 @@ from __future__ import annotations
 import time
 import uuid
 
-FINISH = {"eos": "stop", "stop": "stop"}  # anything else (length, context, limit) -> "length"
 STOP_TYPE = {"eos": "eos", "stop": "word"}  # anything else -> "limit"
 
 
@@ -60,10 +59,6 @@ def usage(st) -> dict:
             "completion_tokens_details": {"reasoning_tokens": 0,  # predicted outputs, as OpenAI counts them
                                           "accepted_prediction_tokens": st.prediction_accepted,
                                           "rejected_prediction_tokens": st.prediction_rejected}}
-
-
-def finish_reason(st) -> str:
-    return FINISH.get(st.stop_reason, "length")
 
 
 def native_final(content: str, st, model: str, cfg, stopping_word: str = "") -> dict:
