@@ -54,6 +54,7 @@ class GenConfig:
 class LoadConfig:
     n_ctx: int = 4096  # context window for both target and draft (tokens)
     n_batch: int = 512  # prompt is evaluated in chunks of this many tokens
+    n_parallel: int = 1  # generations at once in one context (a server's --parallel; batching.py)
     n_threads: int = field(default_factory=default_threads)  # decode threads (all cores, see above)
     n_threads_batch: int = field(default_factory=default_threads)  # prompt/verify threads
     adapt_threads: bool = True  # use fewer threads while other processes hold the cores (threads.py); -t N fixes them

@@ -147,6 +147,24 @@ def best_k(alpha: float | list[float], k_max: int, costs: CostProfile, source: s
     return best, best_rate * costs.t_decode
 
 
+def best_k_shared(alpha: float | list[float], k_max: int, costs: CostProfile, source: str,
+                  rows: int, others: int) -> tuple[int, float]:
+    """best_k for a sequence that shares each pass with `others` sequences putting `rows` tokens in it
+    (continuous batching): k drafts make everyone's step cost T(rows + k + 1), so k is chosen for the
+    most tokens per second over all of them, (others + E[k]) / T(rows + k + 1), against plain's
+    (others + 1) / T(rows + 1). Alone (rows 0) this is best_k."""
+    if rows <= 0:
+        return best_k(alpha, k_max, costs, source)
+    draft = lambda k: 0.0 if k == 0 else k * (costs.t_draft or 0.0) if source == "model" else costs.t_ngram
+    plain = (others + 1) / costs.verify(rows + 1)
+    best, best_rate = 0, plain
+    for k in range(1, k_max + 1):
+        rate = (others + expected_tokens(alpha, k)) / (draft(k) + costs.verify(rows + k + 1))
+        if rate > best_rate:
+            best, best_rate = k, rate
+    return best, best_rate / plain
+
+
 # Pass sizes measured: every size up to 6 (where drafts usually live), then ever sparser up to 64
 # (long n-gram drafts of copied text); the sizes between are interpolated. On a CPU long passes are
 # the cheapest per token (16 tokens cost 7.1 decodes here, 0.44 each, where 8 cost 6.1), so a profile

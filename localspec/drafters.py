@@ -15,6 +15,7 @@ proposal, q = one-hot), which is what the speculative accept rule needs.
 
 from __future__ import annotations
 
+import threading
 from bisect import bisect_left
 from dataclasses import dataclass, field
 
@@ -104,18 +105,15 @@ class NgramDrafter:
 
     MATCH_CAP = 64  # how far back a match is measured (its length says how trustworthy it is)
 
-    MEMORY_TOKENS = 32768  # earlier sequences remembered across generations (most recent kept)
-
-    def __init__(self, n_min: int = 2, n_max: int = 4, k_max: int = 64):
+    def __init__(self, n_min: int = 2, n_max: int = 4, k_max: int = 64, memory: "NgramMemory | None" = None):
         self.n_min, self.n_max, self.k_max = n_min, n_max, k_max
         self.index: dict[tuple[int, ...], int] = {}  # n-gram -> position right after its latest occurrence
         self.seq: list[int] = []  # the sequence the index describes (a reference to the engine's list)
         self.indexed = 0  # n-grams ending at positions < indexed are in the index
-        # memory of earlier generations (a server's earlier requests and answers): consulted only when
-        # the current text has no match, so a repeated or templated request drafts from past answers
-        self.memory: list[list[int]] = []
-        self.memory_index: dict[tuple[int, ...], tuple[int, int]] = {}  # n-gram -> (sequence id, position)
-        self.memory_base = 0  # id of memory[0] (ids keep growing as old sequences are dropped)
+        # memory of earlier generations (a server's earlier requests and answers, shared by its parallel
+        # requests): consulted only when the current text has no match, so a repeated or templated
+        # request drafts from past answers
+        self.memory = memory if memory is not None else NgramMemory()
         self.follow: Follow | None = None  # the copy the last proposal came from
         self.prediction = Prediction([], 0, 0)  # the request's predicted output (empty: none)
 
@@ -167,25 +165,15 @@ class NgramDrafter:
             pos = self.index.get(key)
             if pos is not None:
                 return Follow(seq, pos, len(seq), _extend_match(seq, pos, seq, n, self.MATCH_CAP), "text")
-            hit = self.memory_index.get(key)
-            if hit is not None:
-                past = self.memory[hit[0] - self.memory_base]
-                return Follow(past, hit[1], len(seq), _extend_match(past, hit[1], seq, n, self.MATCH_CAP), "memory")
+            past = self.memory.find(key)
+            if past is not None:
+                text, pos = past
+                return Follow(text, pos, len(seq), _extend_match(text, pos, seq, n, self.MATCH_CAP), "memory")
         return None
 
     def remember(self, seq: list[int]) -> None:
         """Keep a finished generation's whole text (prompt and answer) for later lookups."""
-        if len(seq) < self.n_min + 1:
-            return
-        seq_id = self.memory_base + len(self.memory)
-        self.memory.append(list(seq))
-        for end in range(self.n_min, len(seq)):
-            for n in range(self.n_min, min(self.n_max, end) + 1):
-                self.memory_index[tuple(seq[end - n:end])] = (seq_id, end)
-        while sum(map(len, self.memory)) > self.MEMORY_TOKENS and len(self.memory) > 1:
-            self.memory.pop(0)
-            self.memory_base += 1
-            self.memory_index = {g: h for g, h in self.memory_index.items() if h[0] >= self.memory_base}
+        self.memory.remember(seq, self.n_min, self.n_max)
 
     def propose(self, seq: list[int], room: int, policy) -> Draft:
         f = self.follow = self.find(seq)
@@ -195,6 +183,40 @@ class NgramDrafter:
         k = policy.k_for(self.name, len(found), f.match, f.origin) if found else 0
         return Draft(tokens=found[:k], probs=[None] * k, source=self.name, match_len=f.match,
                      shadow=found if found and not k else None, origin=f.origin)
+
+
+class NgramMemory:
+    """Earlier generations' whole texts, indexed by their n-grams, most recent kept (MEMORY_TOKENS); one
+    per engine, shared by the n-gram drafters of a server's parallel requests (hence the lock)."""
+
+    MEMORY_TOKENS = 32768
+
+    def __init__(self):
+        self.texts: list[list[int]] = []
+        self.index: dict[tuple[int, ...], tuple[int, int]] = {}  # n-gram -> (text id, position after it)
+        self.base = 0  # id of texts[0] (ids keep growing as old texts are dropped)
+        self.lock = threading.Lock()
+
+    def find(self, key: tuple[int, ...]) -> tuple[list[int], int] | None:
+        """(text, position after the n-gram's latest occurrence), or None."""
+        with self.lock:
+            hit = self.index.get(key)
+            return (self.texts[hit[0] - self.base], hit[1]) if hit is not None else None
+
+    def remember(self, seq: list[int], n_min: int, n_max: int) -> None:
+        if len(seq) < n_min + 1:
+            return
+        text = list(seq)
+        with self.lock:
+            text_id = self.base + len(self.texts)
+            self.texts.append(text)
+            for end in range(n_min, len(text)):
+                for n in range(n_min, min(n_max, end) + 1):
+                    self.index[tuple(text[end - n:end])] = (text_id, end)
+            while sum(map(len, self.texts)) > self.MEMORY_TOKENS and len(self.texts) > 1:
+                self.texts.pop(0)
+                self.base += 1
+                self.index = {g: h for g, h in self.index.items() if h[0] >= self.base}
 
 
 @dataclass

@@ -16,11 +16,12 @@ from typing import Callable, Iterator
 import numpy as np
 
 from .backend import Context, GrammarSampler, Model, system_info
+from .batching import Batcher, SeqView
 from .chat_format import render_prompt
 from .compat import require_compatible
 from .constraints import GrammarConstraint, starts_with_grammar
 from .config import GenConfig, LoadConfig
-from .drafters import Draft, DraftFloor, DraftModel, HybridDrafter, NgramDrafter
+from .drafters import Draft, DraftFloor, DraftModel, HybridDrafter, NgramDrafter, NgramMemory
 from .errors import ConfigError, ContextFullError
 from .policy import FixedK, make_policy
 from .sampling import accept_greedy, accept_token, apply_logit_bias, logits_to_probs, residual, sample
@@ -90,6 +91,28 @@ class Chunk:
 
 
 @dataclass
+class Lane:
+    """Where one generation runs: the target's cache (the Context, or one sequence of a shared one),
+    the draft model's (made on first use), an n-gram drafter over this lane's text, the last run's stats.
+    One lane per generation at a time: a server has one per --parallel request."""
+    target: object
+    draft_source: Callable[[], object]
+    ngram: NgramDrafter
+    seq: int = 0
+    last_stats: Stats | None = None
+    last_used: float = 0.0
+    _draft: object = None
+
+    def draft(self):
+        if self._draft is None:
+            self._draft = self.draft_source()
+        return self._draft
+
+    def draft_decode_s(self) -> float:
+        return self._draft.decode_s if self._draft is not None else 0.0
+
+
+@dataclass
 class Message:
     role: str
     content: str
@@ -109,7 +132,8 @@ class Engine:
         self.draft_model: Model | None = None
         self.draft_ctx: Context | None = None
         self._draft_lock = threading.Lock()
-        self.target = Context(self.target_model, load.n_ctx, load.n_batch, load.n_threads, load.n_threads_batch)
+        self.target = Context(self.target_model, load.n_ctx, load.n_batch, load.n_threads, load.n_threads_batch,
+                              n_seq=max(1, load.n_parallel))
         self.target.pad_verify = self.pads_verify(load)
         self.governor = None
         if load.adapt_threads and load.n_threads > 1:
@@ -118,12 +142,25 @@ class Engine:
         if self.draft_path and not lazy_draft:
             self.load_draft()
         self.profile = profile  # measured pass costs (costmodel.CostProfile) for --spec auto
-        self.ngram = NgramDrafter()
+        self.ngram_memory = NgramMemory()
+        self.batcher: Batcher | None = None
+        if load.n_parallel > 1:  # a server's parallel requests: one sequence each, their passes batched
+            self.batcher = Batcher(self.target, self._make_room)
+            self.lanes = [Lane(SeqView(self.target, s, self.batcher), lambda s=s: self._draft_view(s),
+                               NgramDrafter(memory=self.ngram_memory), s) for s in range(load.n_parallel)]
+        else:
+            self.lanes = [Lane(self.target, self.load_draft, NgramDrafter(memory=self.ngram_memory))]
+        self.lane = self.lanes[0]
+        self.ngram = self.lane.ngram
         # a server's n-gram drafter also looks in its earlier requests and answers; off for one-shot
         # runs and for the bench, whose A/B runs repeat each prompt and must not draft from each other
         self.remember_generations = False
         self.prompt_cache = None  # promptcache.PromptCache: several saved prompts (the server's, for editors)
-        self.last_stats: Stats | None = None
+
+    @property
+    def last_stats(self) -> Stats | None:
+        """The stats of the last run on the default lane (the CLI's, the chat app's)."""
+        return self.lane.last_stats
 
     @staticmethod
     def pads_verify(load: LoadConfig) -> bool:
@@ -157,12 +194,27 @@ class Engine:
                 try:
                     require_compatible(self.target_model.vocab_info(), model.vocab_info())
                     threads = self.decode_threads
-                    self.draft_ctx = Context(model, load.n_ctx, load.n_batch, threads, threads)
+                    self.draft_ctx = Context(model, load.n_ctx, load.n_batch, threads, threads,
+                                             n_seq=max(1, load.n_parallel))
                 except BaseException:
                     model.close()
                     raise
                 self.draft_model = model
             return self.draft_ctx
+
+    def _draft_view(self, seq: int) -> SeqView | None:
+        ctx = self.load_draft()
+        return SeqView(ctx, seq) if ctx is not None else None
+
+    def _make_room(self) -> bool:
+        """The shared cache is full: drop the least recently used idle lane's sequence (the batch thread
+        calls this, then tries the step again). False when every lane holding cells is generating."""
+        idle = [x for x in self.lanes if x.target.tokens and self.batcher and x.seq not in self.batcher.active]
+        if not idle:
+            return False
+        victim = min(idle, key=lambda x: x.last_used)
+        victim.target.reset()
+        return True
 
     # --- prompts ----------------------------------------------------------------------------
     def chat_template(self) -> str | None:
@@ -188,38 +240,41 @@ class Engine:
                                    f"{self.target.n_ctx}; shorten it or raise --ctx-size")
 
     # --- generation -------------------------------------------------------------------------
-    def make_drafter(self, cfg: GenConfig, rng):
-        model = DraftModel(self.load_draft, cfg, rng) if self.draft_path else None
-        self.ngram.n_min, self.ngram.n_max = cfg.ngram_min, cfg.ngram_max
-        self.ngram.k_max = cfg.ngram_draft_max if cfg.spec == "auto" else cfg.draft_max
+    def make_drafter(self, cfg: GenConfig, rng, lane: Lane | None = None):
+        lane = lane or self.lane
+        model = DraftModel(lane.draft, cfg, rng) if self.draft_path else None
+        ngram = lane.ngram
+        ngram.n_min, ngram.n_max = cfg.ngram_min, cfg.ngram_max
+        ngram.k_max = cfg.ngram_draft_max if cfg.spec == "auto" else cfg.draft_max
         if cfg.drafter == "model":
             if model is None:
                 raise ConfigError("--drafter model needs a draft model; pass --draft PATH or use --drafter ngram")
             drafter = model
         elif cfg.drafter == "ngram":
-            drafter = self.ngram
+            drafter = ngram
         elif cfg.drafter == "hybrid":
-            drafter = HybridDrafter(self.ngram, model)
+            drafter = HybridDrafter(ngram, model)
         else:
             raise ConfigError(f"unknown drafter {cfg.drafter!r}; use model, ngram or hybrid")
         return DraftFloor(drafter, cfg.draft_min) if cfg.draft_min > 1 else drafter
 
-    def generate(self, prompt: list[int], cfg: GenConfig,
-                 cancel: Callable[[], bool] | None = None) -> Iterator[Chunk]:
-        """Stream confirmed text. Afterwards `self.last_stats` holds the run's figures."""
-        m, tgt = self.target_model, self.target
+    def generate(self, prompt: list[int], cfg: GenConfig, cancel: Callable[[], bool] | None = None,
+                 lane: Lane | None = None, priority: bool = False) -> Iterator[Chunk]:
+        """Stream confirmed text. Afterwards the lane's `last_stats` (`self.last_stats` for the default
+        lane) holds the run's figures. On a server's lane the passes are batched with the other lanes';
+        `priority` (an editor's completion) puts them first."""
+        lane = lane or self.lane
+        m, tgt = self.target_model, lane.target
         self.check_prompt(prompt)
         rng = np.random.default_rng(cfg.seed)
-        stats = self.last_stats = Stats(prompt_tokens=len(prompt))
+        stats = lane.last_stats = Stats(prompt_tokens=len(prompt))
         seq = list(prompt)
-        drafter = self.make_drafter(cfg, rng) if cfg.spec != "off" else None
-        profile = self.profile.at_depth(len(prompt)) if self.profile is not None else None
-        policy = make_policy(cfg, profile, drafter) if drafter else FixedK(0)
+        drafter, policy = self._drafting(cfg, rng, lane, len(prompt))
         stats.spec_mode = cfg.spec if drafter else "off"
-        decode_before = tgt.decode_s + self._draft_decode_s()
+        decode_before = tgt.decode_s + lane.draft_decode_s()
 
         t0 = time.perf_counter()
-        if not self._fill(seq[:-1], stats, cancel, step=CANCEL_STEP):  # reuses a conversation's (or a saved) prefix
+        if not self._start(lane, priority, seq, stats, cancel):
             stats.stop_reason = "cancelled"  # during the prompt
             return
         self._begin_rounds(drafter, seq, cfg, stats)
@@ -249,12 +304,13 @@ class Engine:
             stats.stop_reason = "context"
         finally:
             loop.close()
+            self._leave(lane)
             if grammar is not None:
                 grammar.close()
             if self.remember_generations:  # later requests may repeat this text: let n-gram drafts find it
-                self.ngram.remember(seq)
+                lane.ngram.remember(seq)
             stats.generation_s = time.perf_counter() - t_gen
-            stats.decode_s = tgt.decode_s + self._draft_decode_s() - decode_before
+            stats.decode_s = tgt.decode_s + lane.draft_decode_s() - decode_before
             stats.policy = policy.describe()
             stats.threads = self.decode_threads
             if self.governor:
@@ -262,6 +318,26 @@ class Engine:
         tail = text.flush()
         if tail:
             yield Chunk(tail)
+
+    def _drafting(self, cfg: GenConfig, rng, lane: Lane, depth: int):
+        """(drafter, policy) for a run; on a server's lane the policy prices drafts by the shared step."""
+        drafter = self.make_drafter(cfg, rng, lane) if cfg.spec != "off" else None
+        profile = self.profile.at_depth(depth) if self.profile is not None else None
+        load = (lambda: self.batcher.others(lane.seq)) if self.batcher is not None else None
+        return drafter, (make_policy(cfg, profile, drafter, load) if drafter else FixedK(0))
+
+    def _start(self, lane: Lane, priority: bool, seq: list[int], stats: Stats, cancel) -> bool:
+        """Join the batch (a server's lane) and bring the cache to the prompt, reusing a cached prefix;
+        False (the lane left again) when cancelled during the prompt."""
+        self._enter(lane, priority)
+        try:
+            if self._fill(seq[:-1], stats, cancel, step=CANCEL_STEP, lane=lane):
+                return True
+        except BaseException:
+            self._leave(lane)
+            raise
+        self._leave(lane)
+        return False
 
     def _begin_rounds(self, drafter, seq: list[int], cfg: GenConfig, stats: Stats) -> None:
         """The prompt is in the cache: the governor learns this depth's pass costs, the drafter starts
@@ -288,35 +364,52 @@ class Engine:
         except ValueError as e:
             raise ConfigError(str(e)) from None
 
-    def prefill(self, prompt: list[int], should_stop: Callable[[], bool] | None = None) -> Stats:
+    def prefill(self, prompt: list[int], should_stop: Callable[[], bool] | None = None,
+                lane: Lane | None = None) -> Stats:
         """Evaluate a prompt into the target's cache without generating (a client warming the cache
         for its next request, llama-server's n_predict 0). `should_stop` makes it background work:
         it then ends early (stop_reason "cancelled", what was evaluated kept) when that says so."""
+        lane = lane or self.lane
         self.check_prompt(prompt)
-        stats = self.last_stats = Stats(prompt_tokens=len(prompt), spec_mode="off", stop_reason="length")
-        if not self._fill(prompt[:-1], stats, should_stop):
-            stats.stop_reason = "cancelled"
+        stats = lane.last_stats = Stats(prompt_tokens=len(prompt), spec_mode="off", stop_reason="length")
+        self._enter(lane, False)
+        try:
+            if not self._fill(prompt[:-1], stats, should_stop, lane=lane):
+                stats.stop_reason = "cancelled"
+        finally:
+            self._leave(lane)
         return stats
 
-    def _fill(self, tokens: list[int], stats: Stats, should_stop=None, step: int = BACKGROUND_STEP) -> bool:
-        """Bring the target's cache to `tokens`, from the best cached prompt when there is a cache;
+    def _fill(self, tokens: list[int], stats: Stats, should_stop=None, step: int = BACKGROUND_STEP,
+              lane: Lane | None = None) -> bool:
+        """Bring the lane's cache to `tokens`, from the best cached prompt when there is a cache;
         False when `should_stop` ended it first."""
+        target = (lane or self.lane).target
         t0 = time.perf_counter()
         if self.prompt_cache is not None:
-            use = self.prompt_cache.prepare(tokens)
+            use = self.prompt_cache.prepare(tokens, target)
             stats.cache_restored, stats.cache_entries = use.restored, use.entries
-        stats.prompt_eval_tokens = self.target.sync(tokens, should_stop, step=step)
+        stats.prompt_eval_tokens = target.sync(tokens, should_stop, step=step)
         stats.prompt_eval_s = time.perf_counter() - t0
-        return len(self.target.tokens) == len(tokens)
+        return len(target.tokens) == len(tokens)
 
-    def _draft_decode_s(self) -> float:
-        return self.draft_ctx.decode_s if self.draft_ctx is not None else 0.0
+    def _enter(self, lane: Lane, priority: bool) -> None:
+        lane.last_used = time.monotonic()
+        if self.batcher is not None:
+            self.batcher.join(lane.seq, priority)
+
+    def _leave(self, lane: Lane) -> None:
+        lane.last_used = time.monotonic()
+        if self.batcher is not None:
+            self.batcher.leave(lane.seq)
 
     def complete(self, prompt: list[int], cfg: GenConfig) -> tuple[str, Stats]:
         text = "".join(c.text for c in self.generate(prompt, cfg))
         return text, self.last_stats
 
     def close(self) -> None:
+        if self.batcher is not None:
+            self.batcher.close()
         for x in (self.target, self.draft_ctx, self.target_model, self.draft_model):
             if x is not None:
                 x.close()

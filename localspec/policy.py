@@ -19,7 +19,7 @@
 from __future__ import annotations
 
 from .config import GenConfig
-from .costmodel import CostProfile, best_k
+from .costmodel import CostProfile, best_k, best_k_shared
 from .sampling import accept_greedy
 
 
@@ -66,8 +66,10 @@ class AdaptivePolicy:
     MIN_GAIN = 1.05  # draft only when expected to beat plain by at least this factor (estimates are noisy)
     PROBE_EVERY = 48  # model rounds skipped between probes, when the model could pay at all
 
-    def __init__(self, costs: CostProfile, k_max: int):
-        self.costs, self.k_max = costs, k_max
+    def __init__(self, costs: CostProfile, k_max: int, load=None):
+        """load(): (tokens, sequences) the other requests put in the last shared pass (continuous
+        batching), so drafts are priced by what they add to everyone's step; None: alone."""
+        self.costs, self.k_max, self.load = costs, k_max, load
         self.alpha: dict[tuple[str, int], float] = {}  # the current estimate per bucket
         self.counts: dict[tuple[str, int], tuple[float, float]] = {}  # (hits, misses), decayed
         self.shadow: tuple[tuple[str, int], int, list[int]] | None = None  # (bucket, start, tokens)
@@ -84,7 +86,8 @@ class AdaptivePolicy:
 
     def k_for(self, source: str, k_max: int, match_len: int = 0, origin: str = "") -> int:
         a = self.estimate(_bucket(source, match_len, origin))
-        k, gain = best_k(a, k_max, self.costs, source)
+        rows, others = self.load() if self.load is not None else (0, 0)
+        k, gain = best_k_shared(a, k_max, self.costs, source, rows, others)
         if k and gain < self.MIN_GAIN:
             k = 0
         if source == "model":
@@ -135,11 +138,11 @@ class AdaptivePolicy:
                 f"T_verify/T_decode = {', '.join(f'{x:.2f}' for x in self.costs.relative_verify()[:6])}")
 
 
-def make_policy(cfg: GenConfig, profile: CostProfile | None, drafter):
+def make_policy(cfg: GenConfig, profile: CostProfile | None, drafter, load=None):
     if cfg.spec == "on":
         return FixedK(max(cfg.draft_max, cfg.ngram_draft_max))  # each drafter applies its own cap
     if cfg.spec == "auto":
         if profile is None:
             raise ValueError("--spec auto needs a cost profile (the engine measures one)")
-        return AdaptivePolicy(profile, max(cfg.draft_max, cfg.ngram_draft_max))
+        return AdaptivePolicy(profile, max(cfg.draft_max, cfg.ngram_draft_max), load)
     return FixedK(0)

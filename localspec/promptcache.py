@@ -8,10 +8,15 @@ token for a 1.5B model), so it pays as soon as it saves a few tokens of evaluati
 
 Memory is bounded by `budget_bytes`, least recently used first out; a snapshot whose tokens are a
 prefix of a newer one is dropped (the newer one covers it).
+
+A server with parallel requests has one sequence per lane in one unified KV cache (`lanes`): a request
+whose prompt another lane already holds (the same system prompt, an agent's side request) shares that
+lane's cells (`llama_memory_seq_cp`: no copy, no evaluation) instead of evaluating them again.
 """
 
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass, field
 
 from .backend import Context, common_prefix
@@ -33,30 +38,43 @@ class CacheUse:
     """What the cache did for one prompt (reported in a reply's timings)."""
     restored: bool = False
     entries: int = 0  # snapshots held afterwards
+    shared: int = 0  # tokens shared from another lane's sequence
 
 
 @dataclass
 class PromptCache:
-    ctx: Context
+    ctx: Context  # the default cache (a Context, or the first lane's sequence)
     budget_bytes: int = 256 << 20
     entries: list[Snapshot] = field(default_factory=list)
     clock: int = 0
     disk: DiskPrompts | None = None  # saved prompts that outlive the process (`localspec serve`)
+    lanes: list = field(default_factory=list)  # every lane's sequence of one shared context (batching.SeqView)
+    lock: threading.RLock = field(default_factory=threading.RLock)
 
     def prefix_len(self, tokens: list[int]) -> int:
-        """The longest exact prefix of `tokens` held by the live cache or any snapshot."""
-        best = common_prefix(self.ctx.tokens, tokens)
+        """The longest exact prefix of `tokens` held by a live cache or any snapshot."""
+        best = max(common_prefix(list(c.tokens), tokens) for c in (self.lanes or [self.ctx]))
         for e in self.entries:
             best = max(best, common_prefix(e.tokens, tokens))
         if self.disk is not None:
             best = max(best, self.disk.best(tokens)[1])
         return best
 
-    def prepare(self, tokens: list[int]) -> CacheUse:
-        """Leave in the context the cached state that shares the longest prefix with `tokens`
-        (saving the live one first when it would be lost); the caller then evaluates the rest."""
+    def prepare(self, tokens: list[int], cache=None) -> CacheUse:
+        """Leave in `cache` (default: the context) the cached state that shares the longest prefix with
+        `tokens` (saving the live one first when it would be lost); the caller then evaluates the rest."""
+        with self.lock:
+            return self._prepare(tokens, cache if cache is not None else self.ctx)
+
+    def _prepare(self, tokens: list[int], cache) -> CacheUse:
         use = CacheUse()
-        live = common_prefix(self.ctx.tokens, tokens)
+        live = common_prefix(cache.tokens, tokens)
+        donor, donor_n = None, live + GAIN_MIN - 1  # another lane's sequence: shared, not copied
+        for other in self.lanes:
+            n = common_prefix(list(other.tokens), tokens) if other is not cache else 0
+            if n > donor_n:
+                donor, donor_n = other, n
+        live = max(live, donor_n if donor else 0)
         best, best_n = None, live
         for e in self.entries:
             n = common_prefix(e.tokens, tokens)
@@ -71,27 +89,32 @@ class PromptCache:
                 best, best_n = Snapshot(on_disk.tokens, state), disk_n
                 if len(state) <= self.budget_bytes:  # used again soon (an agent's next turn): kept in memory too
                     self.entries.append(best)
-        if len(self.ctx.tokens) - (best_n if best else live) >= KEEP_MIN:
-            self.save()
+        if len(cache.tokens) - (best_n if best else live) >= KEEP_MIN:
+            self.save(cache)
         if best is not None:
             self.clock += 1
             best.used = self.clock
-            use.restored = self.ctx.restore(best.state, best.tokens)
+            use.restored = cache.restore(best.state, best.tokens)
+        elif donor is not None:
+            use.shared = cache.copy_from(donor, tokens)
         use.entries = len(self.entries)
         return use
 
-    def persist(self, evaluated: int) -> None:
+    def persist(self, evaluated: int, cache=None) -> None:
         """After a request that evaluated `evaluated` prompt tokens: keep the live sequence on disk when
         that was long work (SAVE_MIN), so no later process pays it again."""
-        if self.disk is not None and evaluated >= SAVE_MIN and self.ctx.tokens:
-            self.disk.save(self.ctx.tokens, self.ctx.snapshot())
+        cache = cache if cache is not None else self.ctx
+        if self.disk is not None and evaluated >= SAVE_MIN and cache.tokens:
+            with self.lock:
+                self.disk.save(list(cache.tokens), cache.snapshot())
 
-    def save(self) -> int:
-        """Snapshot the live sequence (unless a snapshot already covers it); 1 if one was taken."""
-        toks = self.ctx.tokens
+    def save(self, cache=None) -> int:
+        """Snapshot a live sequence (unless a snapshot already covers it); 1 if one was taken."""
+        cache = cache if cache is not None else self.ctx
+        toks = list(cache.tokens)
         if not toks or any(common_prefix(e.tokens, toks) == len(toks) for e in self.entries):
             return 0
-        state = self.ctx.snapshot()
+        state = cache.snapshot()
         if len(state) > self.budget_bytes:
             return 0
         self.entries = [e for e in self.entries if common_prefix(e.tokens, toks) < len(e.tokens)]

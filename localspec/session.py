@@ -36,6 +36,7 @@ class ModelChoice:
     mmap: bool | None = None  # None: LoadConfig's default (mapped)
     n_gpu_layers_draft: int | None = None  # the draft's own (-ngld); None: as n_gpu_layers
     ctx_fit: int = 0  # without ctx_size: the largest context up to this that the model and memory allow
+    parallel: int = 0  # generations at once (a server's --parallel); 0: one
 
 
 @dataclass
@@ -88,6 +89,8 @@ def load_config(choice: ModelChoice, sel: Selection) -> LoadConfig:
         load.n_ctx = choice.ctx_size
     elif choice.ctx_fit:
         load.n_ctx = max(load.n_ctx, fit_context(sel, choice.ctx_fit))
+    if choice.parallel:
+        load.n_parallel = choice.parallel
     if choice.threads:
         load.n_threads = load.n_threads_batch = choice.threads
         load.adapt_threads = False

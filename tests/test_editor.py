@@ -117,7 +117,7 @@ def test_newer_completions_supersede_older_ones_from_the_same_slot():
     gone = []
     q = JobQueue(gone.append)
     running, warm, old, other, new = FakeJob("s"), FakeJob(None, True), FakeJob("s"), FakeJob("t"), FakeJob("s")
-    q.running = running
+    q.running = {running}
     for j in (warm, old, other):
         q.put(j)
     assert q.foreground_waiting()
@@ -145,7 +145,7 @@ def replay(model, home, engine, exact: bool) -> None:
     then three completions at once from one slot) against a real server on `model`; `engine` (the same
     model, in this process) mirrors the server's windows and cache to rebuild each prompt and decode it
     greedily as the server does (n-gram drafts): with `exact`, every suggestion must be that text."""
-    srv = ServerProcess(["--target", str(model), "--threads", str(THREADS), "-c", "2048", "--temperature", "0",
+    srv = ServerProcess(["--target", str(model), "--threads", str(THREADS), "-c", "2048", "--temperature", "0", "-np", "1",
                          "--spec", "on", "--drafter", "ngram", "--fim-prefix", str(BUDGET.prefix),
                          "--fim-suffix", str(BUDGET.suffix), "--fim-extra", str(BUDGET.extra)], home)
     extra1 = [{"filename": "a.py", "text": "import the data\n"}]

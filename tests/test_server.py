@@ -193,7 +193,7 @@ def test_native_completion_and_raw_sse_framing(server):
 def test_information_endpoints(server):
     assert server.get("/health") == (200, {"status": "ok"})
     code, props = server.get("/props")
-    assert code == 200 and props["total_slots"] == 1 and props["default_generation_settings"]["n_ctx"] == 1024
+    assert code == 200 and props["total_slots"] == 4 and props["default_generation_settings"]["n_ctx"] == 1024
     toks = post(server, "/tokenize", {"content": "hello world"}).json()["tokens"]
     assert toks and post(server, "/detokenize", {"tokens": toks}).json()["content"].strip() == "hello world"
     pieces = post(server, "/tokenize", {"content": "hello", "with_pieces": True}).json()["tokens"]

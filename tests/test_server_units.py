@@ -105,9 +105,11 @@ def test_ngram_memory_drafts_from_earlier_generations():
     assert found == [8, 9, 10] and n == 2
     cur = [6, 7, 42, 1, 6, 7]  # the current text wins over the memory
     assert d.lookup(cur, 2)[0] == [42, 1]
-    d.MEMORY_TOKENS = 10
+    d.memory.MEMORY_TOKENS = 10
     d.remember(list(range(100, 109)))  # the oldest sequence leaves once the memory is full
     assert d.lookup([1, 6, 7], 2) == ([], 0) and d.lookup([1, 101, 102], 2)[0] == [103, 104]
+    other = NgramDrafter(memory=d.memory)  # a parallel request's drafter reads the same memory
+    assert other.lookup([1, 101, 102], 2)[0] == [103, 104]
 
 
 def test_a_repeated_request_drafts_from_the_earlier_answer(fim_engine):

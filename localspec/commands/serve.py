@@ -17,6 +17,10 @@ from .common import (
 )
 
 
+DEFAULT_PARALLEL = 4
+MAX_PARALLEL = 64
+
+
 def register(sub) -> None:
     from ..server import DEFAULT_PORT
 
@@ -25,8 +29,9 @@ def register(sub) -> None:
         description="Loads the pair once and answers OpenAI clients (/v1/chat/completions, /v1/completions, "
                     "/v1/responses, /v1/models), Anthropic clients such as Claude Code (/v1/messages), Ollama "
                     "clients (/api/chat, /api/generate, /api/tags, ...), llama.cpp clients (/completion, /infill "
-                    "for llama.vim and llama.vscode, /tokenize, /detokenize, /props, /health, /metrics). One "
-                    "generation runs at a time; others wait in order. "
+                    "for llama.vim and llama.vscode, /tokenize, /detokenize, /props, /health, /metrics). Up to "
+                    "--parallel requests generate at once, their passes batched together; an editor's /infill "
+                    "goes first; more requests wait in order. "
                     "Generation flags set the server's defaults; each request may override them.",
         epilog="examples:\n  localspec serve\n  localspec serve --port 8080 --api-key secret\n"
                "  OPENAI_BASE_URL=http://127.0.0.1:8012/v1 OPENAI_API_KEY=none python my_script.py\n"
@@ -43,6 +48,9 @@ def register(sub) -> None:
     g.add_argument("--cors", action="append", default=[], metavar="ORIGIN",
                    help="let web pages from ORIGIN (e.g. http://localhost:3000; * = any) call the server from a "
                         "browser (repeatable; default: browser requests from other origins are refused)")
+    g.add_argument("-np", "--parallel", type=pos_int, default=DEFAULT_PARALLEL, metavar="N",
+                   help=f"requests generating at once, each a sequence of one shared context (its KV cache is "
+                        f"shared, not multiplied); more wait in a queue (default {DEFAULT_PARALLEL}, llama-server's)")
     g.add_argument("--log-requests", action="store_true", help="print one line per request")
     add_editor_args(p)
     p.set_defaults(func=cmd_serve)
@@ -56,10 +64,15 @@ def cmd_serve(args) -> int:
                          "Ctrl-C stops\n")
         sys.stdout.flush()
 
+    from ..errors import ConfigError
     from ..session import SERVE_CTX_FIT
 
     choice = model_choice(args)
     choice.ctx_fit = SERVE_CTX_FIT  # agents' prompts are long: the context the model and memory allow
+    if args.parallel > MAX_PARALLEL:
+        raise ConfigError(f"--parallel {args.parallel} is more than {MAX_PARALLEL}; each request beyond the "
+                          "cores' worth only waits longer for its turn in the batch")
+    choice.parallel = args.parallel
     return serve(choice, gen_choice(args), args.host, args.port, args.api_key, stderr_note,
                  on_listen, args.log_requests, args.cors, editor_settings(args))
 

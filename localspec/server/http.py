@@ -108,7 +108,8 @@ async def read_body(request: Request) -> dict:
 class Run:
     """One queued job seen from the event loop: its events arrive on an asyncio queue."""
 
-    def __init__(self, state: ServerState, prepare, extras: Extras, background: bool = False, slot: str | None = None):
+    def __init__(self, state: ServerState, prepare, extras: Extras, background: bool = False, slot: str | None = None,
+                 priority: bool = False):
         loop = asyncio.get_running_loop()
         self.events: asyncio.Queue = asyncio.Queue()
 
@@ -118,7 +119,7 @@ class Run:
             except RuntimeError:  # the event loop has closed (shutdown)
                 pass
 
-        self.job = Job(prepare, extras, emit, background=background, slot=slot)
+        self.job = Job(prepare, extras, emit, background=background, slot=slot, priority=priority)
         self.stats = None  # the engine's Stats, once done
         state.server.submit(self.job)
 

@@ -21,7 +21,7 @@ class JobQueue:
         self._bg: deque = deque()
         self._cv = threading.Condition()
         self._on_superseded = on_superseded
-        self.running = None  # the job being served (set by the worker)
+        self.running: set = set()  # the jobs being served (the workers add and remove theirs)
 
     def qsize(self) -> int:
         with self._cv:
@@ -45,9 +45,9 @@ class JobQueue:
                     superseded = [j for j in self._fg if j is not None and j.slot == job.slot]
                     for j in superseded:
                         self._fg.remove(j)
-                    running = self.running
-                    if running is not None and running.slot == job.slot and not running.background:
-                        running.cancel.set()  # it ends at its next round with what it has
+                    for running in list(self.running):
+                        if running.slot == job.slot and not running.background:
+                            running.cancel.set()  # it ends at its next round with what it has
                 self._fg.append(job)
             self._cv.notify()
         for j in superseded:

@@ -54,7 +54,7 @@ def infill_prompt(state: ServerState, body: dict, cfg):
         if warmup and not (body["input_prefix"] or body["input_suffix"] or body.get("prompt")):
             return windows.warmup_prompt(extra)  # an editor's new extra context, evaluated in the background
         cache = engine.prompt_cache
-        cached = cache.prefix_len if cache else lambda toks: common_prefix(engine.target.tokens, toks)
+        cached = cache.prefix_len if cache else lambda toks: common_prefix(engine.lane.target.tokens, toks)
         prompt, cfg.heal = windows.completion_prompt(body, extra, cached)
         return prompt
     return tokens
@@ -75,7 +75,8 @@ async def infill(request: Request, state: ServerState) -> Response:
     tokens = infill_prompt(state, body, cfg)
     warmup = cfg.max_tokens == 0
     slot = None if warmup else f"infill/{body.get('id_slot', -1)}"
-    run = Run(state, lambda engine: (tokens(engine), cfg), extras, background=warmup, slot=slot)
+    # an editor's completion goes ahead of the other requests' decoding (the user is waiting at the cursor)
+    run = Run(state, lambda engine: (tokens(engine), cfg), extras, background=warmup, slot=slot, priority=not warmup)
     return await _native(request, state, run, cfg, extras)
 
 
@@ -90,7 +91,7 @@ async def props(request: Request, state: ServerState) -> Response:
     return JSONResponse({
         "default_generation_settings": {"params": shapes.generation_settings(sess.gen),
                                         "n_ctx": srv.engine.target.n_ctx},
-        "total_slots": 1, "model_alias": state.model_id, "model_path": str(m.path),
+        "total_slots": len(srv.engine.lanes), "model_alias": state.model_id, "model_path": str(m.path),
         "modalities": {"vision": False, "audio": False},
         "chat_template": srv.engine.chat_template() or "",
         "bos_token": m.token_text(m.bos) if m.bos >= 0 else "", "eos_token": m.token_text(m.eos) if m.eos >= 0 else "",

@@ -52,7 +52,9 @@ def load_into(state: ServerState, models: ModelChoice, gen: GenChoice, notify: C
         session = Session.open(models, gen, notify)
         if session.gen.max_tokens < 0:
             session.gen.max_tokens = UNLIMITED_TOKENS
-        session.ensure_profile(notify)  # auto's pass costs now, not on the first request
+        # auto's pass costs now, not on a request (they are measured with the whole context to itself),
+        # whatever the default: any request may ask for auto
+        session.ensure_profile(notify, spec="auto")
     except LocalspecError as e:
         state.load_error = str(e)
         return False

@@ -1,20 +1,24 @@
 """One loaded pair behind a queue: `ServerSession`.
 
-Requests become `Job`s. One worker thread takes them in arrival order, requests before warm-ups
-(`jobqueue`), and runs each to the end (none is lost, none gets another's text; only a newer
-completion from the same editor slot ends one early): it builds the prompt,
-generates through the session's engine, and reports back through the job's `emit` callback —
+Requests become `Job`s. One worker thread per lane of the engine (`--parallel`: each lane a sequence
+of the shared context, their passes batched into one llama_decode per step, `batching.py`) takes them
+in arrival order, requests before warm-ups (`jobqueue`), and runs each to the end (none is lost, none
+gets another's text; only a newer completion from the same editor slot ends one early): it builds the
+prompt, generates through its lane, and reports back through the job's `emit` callback —
 ("start", prompt_len) once the prompt is accepted, ("text", str) for confirmed text, then
 ("done", Stats) or ("error", ApiError). A job whose client hung up is cancelled within one
 decoding round (`Job.cancel`); a job cancelled while waiting is skipped.
 
-Consecutive requests share the engine's caches, so a prompt that starts like the previous one
-evaluates only the new tokens (`cache_n`), in the target and the draft model alike.
+Requests share the engine's caches, so a prompt that starts like an earlier one (in its lane, in
+another lane, or saved) evaluates only the new tokens (`cache_n`). An editor's completion (`priority`)
+runs ahead of the others' decoding. Idle work (finishing a warm-up, pricing passes at a new depth)
+runs on the first lane when no job runs at all.
 """
 
 from __future__ import annotations
 
 import threading
+import time
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -39,7 +43,7 @@ IDLE_MEASURE_S = 2.0  # quiet time before pass costs are measured at a new depth
 CUT_SHORT = "the server is shutting down; the answer was cut short"
 
 
-@dataclass
+@dataclass(eq=False)  # each job is itself (the running set holds them)
 class Job:
     prepare: Callable[[object], tuple[list[int], object]]  # engine -> (prompt tokens, GenConfig); runs in the worker
     extras: Extras
@@ -47,6 +51,7 @@ class Job:
     cancel: threading.Event = field(default_factory=threading.Event)
     background: bool = False  # a warm-up (n_predict 0): served after the others, gives way to them
     slot: str | None = None  # an editor slot: a newer completion from it supersedes this one
+    priority: bool = False  # an editor's completion: its passes go ahead of the other requests' decoding
 
 
 class ServerSession:
@@ -54,8 +59,10 @@ class ServerSession:
         self.session = session
         self.engine = session.engine
         editor = editor or EditorSettings()
+        lanes = self.engine.lanes
         if editor.cache_mib > 0:  # warm-ups and other files no longer evict the editor's prompt
-            self.engine.prompt_cache = PromptCache(self.engine.target, editor.cache_mib << 20)
+            shared = [x.target for x in lanes] if len(lanes) > 1 else []
+            self.engine.prompt_cache = PromptCache(lanes[0].target, editor.cache_mib << 20, lanes=shared)
             if editor.cache_disk_mib > 0:  # an agent's long prompt outlives the process
                 key = pair_key(session.selection.target)
                 self.engine.prompt_cache.disk = DiskPrompts(paths.prompt_cache_dir(), key, editor.cache_disk_mib << 20)
@@ -64,8 +71,10 @@ class ServerSession:
         self.metrics = Metrics()
         self.jobs = JobQueue(self._superseded)
         self.idle_prompt: list[int] | None = None  # a warm-up cut short by a request: finished when idle
-        self.thread = threading.Thread(target=self._run, name="localspec-generate", daemon=True)
-        self.thread.start()
+        self.threads = [threading.Thread(target=self._run, args=(lane,), name=f"localspec-generate-{lane.seq}",
+                                         daemon=True) for lane in lanes]
+        for t in self.threads:
+            t.start()
 
     @property
     def model(self):
@@ -85,32 +94,33 @@ class ServerSession:
         a shutdown from a finished answer and the HTTP server has nothing left to wait out."""
         self.closing = True
         shutting = ("error", ApiError(503, CUT_SHORT))
-        running = self._current
+        running = list(self.jobs.running)
         for job in self.jobs.drain():
             job.cancel.set()
             job.emit(shutting)
-        if running is not None:
-            running.cancel.set()
-            running.emit(shutting)
-        self.jobs.put(None)
+        for job in running:
+            job.cancel.set()
+            job.emit(shutting)
+        for _ in self.threads:
+            self.jobs.put(None)
 
     def close(self, wait_s: float = 1.0) -> bool:
         """Shut down and free the models; False when the generation thread is still inside llama.cpp after
         `wait_s` (a long prompt evaluation): its models are then left to the process's exit."""
         if not self.closing:
             self.begin_shutdown()
-        self.thread.join(timeout=wait_s)
-        if self.thread.is_alive():
+        deadline = time.monotonic() + wait_s
+        for t in self.threads:
+            t.join(timeout=max(0.0, deadline - time.monotonic()))
+        if any(t.is_alive() for t in self.threads):
             return False
         self.session.close()
         return True
 
-    _current: Job | None = None
-
     @property
     def alive(self) -> bool:
-        """The generation thread is there to take jobs (/health says 503 otherwise)."""
-        return self.thread.is_alive() and not self.closing
+        """The generation threads are there to take jobs (/health says 503 otherwise)."""
+        return all(t.is_alive() for t in self.threads) and not self.closing
 
     closing = False  # set once shutdown begins: new jobs are refused, running ones end
 
@@ -121,32 +131,35 @@ class ServerSession:
         job.emit(("start", 0))
         job.emit(("done", Stats(stop_reason="superseded", spec_mode="off")))
 
-    def _run(self) -> None:
+    def _run(self, lane) -> None:
+        idle_worker = lane is self.engine.lanes[0]  # idle work runs on the first lane only
         while True:
             try:
-                job = self.jobs.get(timeout=self._idle_after())
+                job = self.jobs.get(timeout=self._idle_after() if idle_worker else None)
             except TimeoutError:
+                if self.jobs.running:  # another lane is busy: idle work waits for a quiet machine
+                    continue
                 if self.idle_prompt:
-                    self._finish_warmup()
+                    self._finish_warmup(lane)
                 else:
                     self.measure_pending = False
-                    self._measure_depth()
+                    self._measure_depth(lane)
                 continue
             if job is None:
                 return
             self.metrics.deferred -= 1
             if job.cancel.is_set():
                 continue
-            self._current = self.jobs.running = job
-            self.metrics.processing = 1
+            self.jobs.running.add(job)
+            self.metrics.processing = len(self.jobs.running)
             try:
-                self._serve(job)
+                self._serve(job, lane)
                 self.measure_pending = True
-            except Exception as e:  # never let one job's failure end the only generation thread
+            except Exception as e:  # never let one job's failure end a generation thread
                 log_unexpected("the generation thread", e)
             finally:
-                self.metrics.processing = 0
-                self._current = self.jobs.running = None
+                self.jobs.running.discard(job)
+                self.metrics.processing = len(self.jobs.running)
 
     measure_pending = False  # a job ran since the last idle-time measurement
 
@@ -157,30 +170,33 @@ class ServerSession:
             return IDLE_WARMUP_S
         return IDLE_MEASURE_S if self.measure_pending else None
 
-    def _finish_warmup(self) -> None:
+    def _quiet(self) -> bool:
+        return self.jobs.empty() and not self.jobs.running
+
+    def _finish_warmup(self, lane) -> None:
         """Idle: go on evaluating the warm-up a request interrupted, giving way again to any job."""
         prompt, self.idle_prompt = self.idle_prompt, None
         try:
-            stats = self.engine.prefill(prompt, should_stop=lambda: not self.jobs.empty())
+            stats = self.engine.prefill(prompt, should_stop=lambda: not self._quiet(), lane=lane)
         except Exception as e:
             log_unexpected("a background warm-up", e)
             return
         if stats.stop_reason == "cancelled":
             self.idle_prompt = prompt
 
-    def _measure_depth(self) -> None:
+    def _measure_depth(self, lane) -> None:
         """While idle, price passes at the depth the last request ran at, once per depth bucket, so
         auto's choices hold for long prompts (FIM with extra context runs thousands of tokens deep);
         a quick start-up profile (passes to 16 tokens) is replaced by the whole curve, to 64, measured
         at the depth requests run at. Uses the cache as the request left it; gives up as soon as
         another request arrives."""
         prof = self.engine.profile
-        depth = len(self.engine.target.tokens)
+        depth = len(lane.target.tokens)
         bucket = depth_bucket(depth)
         quick = prof is not None and bool(prof.extra.get("quick"))
         if prof is None or not quick and (bucket is None or any(depth_bucket(int(d)) == bucket for d in prof.by_depth)):
             return
-        tv = measure_at_depth(self.engine.target, CURVE_SIZES[-1], repeats=2, should_stop=lambda: not self.jobs.empty())
+        tv = measure_at_depth(lane.target, CURVE_SIZES[-1], repeats=2, should_stop=lambda: not self._quiet())
         if not tv:
             return
         if quick:
@@ -194,7 +210,7 @@ class ServerSession:
             except OSError:  # an unwritable data dir: keep the figures for this process only
                 pass
 
-    def _serve(self, job: Job) -> None:
+    def _serve(self, job: Job, lane) -> None:
         engine = self.engine
         try:
             prompt, cfg = job.prepare(engine)
@@ -208,9 +224,12 @@ class ServerSession:
                 raise ApiError(400, f"request ({len(prompt)} tokens) exceeds the available context size "
                                     f"({engine.target.n_ctx} tokens), try increasing it",
                                "exceed_context_size_error", n_prompt_tokens=len(prompt), n_ctx=engine.target.n_ctx)
-            self.session.ensure_profile(spec=cfg.spec)
+            with self.profile_lock:  # measured with the whole context: only while no other lane runs
+                self.session.ensure_profile(spec=cfg.spec, measure=len(self.jobs.running) <= 1)
+            if cfg.spec == "auto" and engine.profile is None:
+                cfg.spec = "off"  # no measured costs to decide with: plain decoding, never a guess
             job.emit(("start", len(prompt)))
-            stats = self._generate(job, prompt, cfg)
+            stats = self._generate(job, prompt, cfg, lane)
         except ApiError as e:
             job.emit(("error", e))
             return
@@ -229,28 +248,30 @@ class ServerSession:
             return
         job.emit(("done", stats))
         if engine.prompt_cache is not None:  # after the answer (its client need not wait); a prompt whose
-            engine.prompt_cache.persist(stats.prompt_eval_tokens)  # client gave up is kept for its retry too
+            engine.prompt_cache.persist(stats.prompt_eval_tokens, lane.target)  # client gave up: for its retry
 
-    def _generate(self, job: Job, prompt: list[int], cfg):
+    profile_lock = threading.Lock()
+
+    def _generate(self, job: Job, prompt: list[int], cfg, lane):
         engine, ex = self.engine, job.extras
         if cfg.max_tokens == 0:
             if not job.background:
-                return engine.prefill(prompt)
+                return engine.prefill(prompt, lane=lane)
             self.idle_prompt = None  # a newer warm-up replaces an unfinished one
-            stats = engine.prefill(prompt, should_stop=self.jobs.foreground_waiting)
+            stats = engine.prefill(prompt, should_stop=self.jobs.foreground_waiting, lane=lane)
             if stats.stop_reason == "cancelled":  # a request came: it goes first, the rest waits for idle time
                 self.idle_prompt, stats.stop_reason = prompt, "length"
             return stats
         limits = LineLimits(ex.n_indent, ex.t_max_predict_ms) if (ex.n_indent or ex.t_max_predict_ms) else None
-        gen = engine.generate(prompt, cfg, cancel=job.cancel.is_set)
+        gen = engine.generate(prompt, cfg, cancel=job.cancel.is_set, lane=lane, priority=job.priority)
         try:
             for chunk in gen:
                 text, stop = (chunk.text, False) if limits is None else limits.push(chunk.text)
                 if text:
                     job.emit(("text", text))
                 if stop:
-                    engine.last_stats.stop_reason = "limit"
+                    lane.last_stats.stop_reason = "limit"
                     break
         finally:
             gen.close()
-        return engine.last_stats
+        return lane.last_stats

@@ -1,0 +1,188 @@
+"""Continuous batching: several generations in one context, one llama_decode per step (batching.py)."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import numpy as np
+import pytest
+
+from localspec.backend import Context, Model
+from localspec.batching import PROMPT_SLICE, Batcher, Pass
+from localspec.config import GenConfig, LoadConfig
+from localspec.costmodel import CostProfile, best_k, best_k_shared
+from localspec.engine import Engine, Message
+from localspec.promptcache import PromptCache
+from localspec.verify import first_parting, logit_noise, plain_greedy_with_margins
+
+from conftest import THREADS
+
+
+def load(n_parallel: int, n_ctx: int = 2048) -> LoadConfig:
+    return LoadConfig(n_ctx=n_ctx, n_threads=THREADS, n_threads_batch=THREADS, n_parallel=n_parallel)
+
+
+@pytest.fixture(scope="module")
+def shared(tiny):
+    e = Engine(tiny.target, None, load(3))
+    yield e
+    e.close()
+
+
+@pytest.fixture(scope="module")
+def alone(tiny):
+    e = Engine(tiny.target, None, load(1))
+    yield e
+    e.close()
+
+
+def tokens(e: Engine, text: str) -> list[int]:
+    return e.target_model.tokenize(text, add_special=True)
+
+
+def run_together(e: Engine, prompts: list[list[int]], cfg: GenConfig, cancel_after: dict | None = None) -> list:
+    """Each prompt generated on its own lane, all at once; (tokens, stats) per prompt."""
+    out: list = [None] * len(prompts)
+    cancel_after = cancel_after or {}
+
+    def run(i: int) -> None:
+        lane, got = e.lanes[i], []
+        stop = lambda: len(got) >= cancel_after.get(i, 1 << 30)  # noqa: E731
+        for c in e.generate(prompts[i], cfg, cancel=stop, lane=lane):
+            if c.token is not None:
+                got.append(c.token)
+        out[i] = (got, lane.last_stats)
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(len(prompts))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    assert not any(t.is_alive() for t in threads), "a batched generation never finished"
+    return out
+
+
+def assert_plain_or_near_tie(e: Engine, prompts: list[list[int]], outputs: list[list[int]]) -> int:
+    """Each output equals plain greedy decoding of its prompt on `e` (one sequence, one token per pass)
+    or parts from it where plain's top two were within the batched-vs-single noise. Returns partings."""
+    bound = max(2.0 * max(logit_noise(e, p) for p in prompts), 1e-4)
+    e.target.reset()
+    parted = 0
+    for p, toks in zip(prompts, outputs):
+        plain, margins = plain_greedy_with_margins(e, p, len(toks))
+        at = first_parting(plain, toks)
+        if at is not None and at < len(margins):
+            parted += 1
+            assert margins[at] <= bound, (at, margins[at], bound)
+    return parted
+
+
+def test_a_shared_step_gives_each_sequence_its_own_logits_and_rollback_is_per_sequence(tiny):
+    model = Model(tiny.target)
+    ctx = Context(model, 1024, 512, THREADS, THREADS, n_seq=2)
+    solo = Context(model, 1024, 512, THREADS, THREADS)
+    try:
+        a, b = [1, 5, 9, 13, 17, 21], [2, 4, 6, 8]
+        out = ctx.decode_parts([(0, a, "last"), (1, b, "all")])
+        assert ctx.seq_tokens == {0: a, 1: b}
+        assert out[0].shape == (1, ctx.n_vocab) and out[1].shape == (len(b), ctx.n_vocab)
+        ref_a = solo.eval(a, "last")
+        solo.reset()
+        ref_b = solo.eval(b, "all")
+        assert np.allclose(out[0], ref_a, atol=1e-2) and np.allclose(out[1], ref_b, atol=1e-2)
+        # a draft on sequence 0 rejected and rolled back: sequence 1's next token sees none of it
+        ctx.decode_parts([(0, [30, 31, 32], "all"), (1, [10], "last")])
+        ctx.truncate(len(a), 0)
+        assert ctx.seq_tokens[0] == a
+        nxt = ctx.decode_parts([(1, [12], "last")])[0]
+        ref = solo.eval([10, 12], "last")
+        assert np.allclose(nxt, ref, atol=1e-2) and int(nxt.argmax()) == int(ref.argmax())
+    finally:
+        ctx.close()
+        solo.close()
+        model.close()
+
+
+def test_batched_generations_equal_their_single_runs_and_never_mix(shared, alone):
+    cfg = GenConfig(temperature=0, max_tokens=40, spec="on", drafter="ngram", draft_max=4)
+    prompts = [tokens(shared, t) for t in ("hello world the cache", "def parse the csv file", "import the data now")]
+    steps = shared.batcher.steps
+    got = run_together(shared, prompts, cfg)
+    for (toks, st), p, lane in zip(got, prompts, shared.lanes):
+        assert lane.target.tokens[:len(p) - 1] == p[:-1]  # each sequence holds its own text only
+        assert lane.target.tokens[len(p):] == toks[:len(lane.target.tokens) - len(p)]
+    # a token of another sequence's text would part from plain decoding at a clear margin
+    assert_plain_or_near_tie(alone, prompts, [toks for toks, _ in got])
+    rounds = sum(st.target_passes for _, st in got)
+    assert shared.batcher.steps - steps < rounds  # passes were shared: fewer steps than passes
+    assert not shared.batcher.active
+
+
+def test_cancelling_one_generation_mid_batch_frees_its_sequence_and_leaves_the_others_exact(shared, alone):
+    cfg = GenConfig(temperature=0, max_tokens=60, spec="off")
+    prompts = [tokens(shared, t) for t in ("one two three", "four five six", "seven eight nine")]
+    got = run_together(shared, prompts, cfg, cancel_after={1: 5})
+    assert got[1][1].stop_reason == "cancelled" and len(got[1][0]) == 5
+    assert_plain_or_near_tie(alone, [prompts[0], prompts[2]], [got[0][0], got[2][0]])
+    assert not shared.batcher.active
+
+
+def test_a_prompt_held_by_another_lane_is_shared_not_evaluated_again(shared):
+    shared.prompt_cache = PromptCache(shared.lanes[0].target, 64 << 20, lanes=[x.target for x in shared.lanes])
+    try:
+        system = tokens(shared, "you are a helpful assistant " * 20)
+        cfg = GenConfig(temperature=0, max_tokens=4, spec="off")
+        list(shared.generate(system + [7, 8], cfg, lane=shared.lanes[0]))
+        list(shared.generate(system + [9, 10], cfg, lane=shared.lanes[1]))
+        st = shared.lanes[1].last_stats
+        assert st.prompt_eval_tokens <= 2  # only what follows the shared system prompt
+    finally:
+        shared.prompt_cache = None
+
+
+class FakeCtx:
+    n_batch = 512
+
+
+def test_a_long_prompt_goes_in_slices_while_others_decode_and_priority_goes_alone():
+    b = Batcher.__new__(Batcher)
+    b.ctx, b.active = FakeCtx(), {0: False, 1: False, 2: True}
+    prompt, decode = Pass(0, list(range(1000)), "none", False), Pass(1, [5, 6, 7], "all", False)
+    b.waiting = [prompt, decode]
+    step = b._compose()
+    assert [(p.seq, n) for p, n in step] == [(1, 3), (0, PROMPT_SLICE)]
+    b.waiting = [prompt]
+    assert b._compose() == [(prompt, 512)]  # alone: whole batches
+    editor = Pass(2, [1, 2], "all", True)
+    b.waiting = [prompt, decode, editor]
+    assert b._compose() == [(editor, 2)]  # an editor's completion goes alone
+    assert b._wait_left(time.perf_counter()) == 0.0
+    b.waiting = [prompt, decode]  # its next pass is on its way: the others wait for it, a while
+    assert 0 < b._wait_left(time.perf_counter()) <= 0.05
+
+
+def test_drafts_are_priced_by_what_they_add_to_a_shared_step():
+    prof = CostProfile(t_decode=1.0, t_verify=[1.0 + 0.5 * n for n in range(64)])
+    assert best_k_shared(0.9, 16, prof, "ngram", 0, 0) == best_k(0.9, 16, prof, "ngram")
+    alone_k = best_k(0.9, 16, prof, "ngram")[0]
+    busy_k = best_k_shared(0.9, 16, prof, "ngram", rows=3, others=3)[0]
+    assert alone_k > 0 and busy_k < alone_k  # others busy: drafting shrinks
+    # beside a long prompt slice, a few more tokens cost little: drafting grows
+    flat = CostProfile(t_decode=1.0, t_verify=[1.0 + 0.3 * n for n in range(64)])
+    assert best_k_shared(0.6, 16, flat, "ngram", rows=64, others=1)[0] >= best_k(0.6, 16, flat, "ngram")[0]
+
+
+@pytest.mark.realpair
+def test_batched_greedy_equals_single_runs_but_at_measured_near_ties_on_the_real_pair(real_pair):
+    target, _ = real_pair
+    e = Engine(target, None, load(4, n_ctx=4096))
+    try:
+        prompts = [e.prompt_tokens([Message("user", t)]) for t in (
+            "Write a Python function that reverses a string.", "What is a mutex? One sentence.",
+            "List three prime numbers.", "Write a bash loop that prints 1 to 3.")]
+        cfg = GenConfig(temperature=0, max_tokens=48, spec="off")
+        got = run_together(e, prompts, cfg)
+        assert_plain_or_near_tie(e, prompts, [toks for toks, _ in got])
+    finally:
+        e.close()
