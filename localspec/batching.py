@@ -17,11 +17,12 @@ from __future__ import annotations
 
 import threading
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 import numpy as np
 
-from .backend import Context, sync_cache
+from .backend import Context, common_prefix, sync_cache
 from .errors import ContextFullError
 
 GATHER_S = 0.004  # a step waits this long for sequences still busy in Python (accepting, drafting)
@@ -170,6 +171,40 @@ class Batcher:
                 if p.done == len(p.tokens):
                     p.out, p.finished = out, True
                     self.waiting.remove(p)
+
+
+class PromptFills:
+    """The prompts being evaluated right now, per sequence. A request whose prompt starts like one of
+    them (four requests at once under one system prompt) waits until that one's cache holds the shared
+    part, then shares its cells (the prompt cache copies them), instead of evaluating the same tokens
+    beside it. A request only ever waits for one registered before it, so no two wait for each other."""
+
+    SHARE_MIN = 256  # shorter shared prefixes are cheaper to evaluate again than to wait for
+    POLL_S = 0.01
+
+    def __init__(self):
+        self.lock = threading.Lock()
+        self.filling: dict[int, tuple[list[int], object]] = {}  # seq -> (prompt, its cache)
+
+    @contextmanager
+    def evaluating(self, seq: int, cache, tokens: list[int], should_stop=None):
+        with self.lock:
+            best, best_n = None, common_prefix(list(cache.tokens), tokens) + self.SHARE_MIN - 1
+            for other_seq, (want, other) in self.filling.items():
+                n = common_prefix(want, tokens)
+                if n > best_n:
+                    best, best_n = other_seq, n
+            self.filling[seq] = (tokens, cache)
+        try:
+            if best is not None:
+                other = self.filling[best][1]
+                while (best in self.filling and common_prefix(list(other.tokens), tokens) < best_n
+                       and not (should_stop and should_stop())):
+                    time.sleep(self.POLL_S)
+            yield
+        finally:
+            with self.lock:
+                self.filling.pop(seq, None)
 
 
 class SeqView:

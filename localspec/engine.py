@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import threading
 import time
+from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterator
@@ -16,7 +17,7 @@ from typing import Callable, Iterator
 import numpy as np
 
 from .backend import Context, GrammarSampler, Model, system_info
-from .batching import Batcher, SeqView
+from .batching import Batcher, PromptFills, SeqView
 from .chat_format import render_prompt
 from .compat import require_compatible
 from .constraints import GrammarConstraint, starts_with_grammar
@@ -146,9 +147,11 @@ class Engine:
         self.batcher: Batcher | None = None
         if load.n_parallel > 1:  # a server's parallel requests: one sequence each, their passes batched
             self.batcher = Batcher(self.target, self._make_room)
+            self.fills: PromptFills | None = PromptFills()
             self.lanes = [Lane(SeqView(self.target, s, self.batcher), lambda s=s: self._draft_view(s),
                                NgramDrafter(memory=self.ngram_memory), s) for s in range(load.n_parallel)]
         else:
+            self.fills = None
             self.lanes = [Lane(self.target, self.load_draft, NgramDrafter(memory=self.ngram_memory))]
         self.lane = self.lanes[0]
         self.ngram = self.lane.ngram
@@ -329,15 +332,22 @@ class Engine:
     def _start(self, lane: Lane, priority: bool, seq: list[int], stats: Stats, cancel) -> bool:
         """Join the batch (a server's lane) and bring the cache to the prompt, reusing a cached prefix;
         False (the lane left again) when cancelled during the prompt."""
-        self._enter(lane, priority)
-        try:
-            if self._fill(seq[:-1], stats, cancel, step=CANCEL_STEP, lane=lane):
-                return True
-        except BaseException:
-            self._leave(lane)
-            raise
+        with self._shared_fill(lane, seq[:-1], cancel):
+            self._enter(lane, priority)
+            try:
+                if self._fill(seq[:-1], stats, cancel, step=CANCEL_STEP, lane=lane):
+                    return True
+            except BaseException:
+                self._leave(lane)
+                raise
         self._leave(lane)
         return False
+
+    def _shared_fill(self, lane: Lane, tokens: list[int], should_stop):
+        """On a server's lane: wait for another lane already evaluating the same long prefix (then share it)."""
+        if self.fills is None or self.prompt_cache is None:
+            return nullcontext()
+        return self.fills.evaluating(lane.seq, lane.target, tokens, should_stop)
 
     def _begin_rounds(self, drafter, seq: list[int], cfg: GenConfig, stats: Stats) -> None:
         """The prompt is in the cache: the governor learns this depth's pass costs, the drafter starts
@@ -372,12 +382,13 @@ class Engine:
         lane = lane or self.lane
         self.check_prompt(prompt)
         stats = lane.last_stats = Stats(prompt_tokens=len(prompt), spec_mode="off", stop_reason="length")
-        self._enter(lane, False)
-        try:
-            if not self._fill(prompt[:-1], stats, should_stop, lane=lane):
-                stats.stop_reason = "cancelled"
-        finally:
-            self._leave(lane)
+        with self._shared_fill(lane, prompt[:-1], should_stop):
+            self._enter(lane, False)
+            try:
+                if not self._fill(prompt[:-1], stats, should_stop, lane=lane):
+                    stats.stop_reason = "cancelled"
+            finally:
+                self._leave(lane)
         return stats
 
     def _fill(self, tokens: list[int], stats: Stats, should_stop=None, step: int = BACKGROUND_STEP,

@@ -62,7 +62,7 @@ def infill_body() -> dict:
 
 def system_prompt() -> str:
     """~2k tokens: a module's source as an agent would put it in its system prompt."""
-    src = (STDLIB / "shlex.py").read_text()[:7000]
+    src = (STDLIB / "shlex.py").read_text()[:9000]
     return "You are a careful coding assistant. The user works on this module:\n\n```python\n" + src + "\n```"
 
 

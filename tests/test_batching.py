@@ -141,6 +141,58 @@ def test_a_prompt_held_by_another_lane_is_shared_not_evaluated_again(shared):
         shared.prompt_cache = None
 
 
+def test_requests_arriving_together_with_one_system_prompt_evaluate_it_once(shared):
+    shared.prompt_cache = PromptCache(shared.lanes[0].target, 64 << 20, lanes=[x.target for x in shared.lanes])
+    try:
+        for lane in shared.lanes:
+            lane.target.reset()
+        system = tokens(shared, "you are a careful coding assistant working on this module " * 8)
+        assert len(system) > 300
+        prompts = [system + [20 + i, 30 + i] for i in range(3)]
+        got = run_together(shared, prompts, GenConfig(temperature=0, max_tokens=4, spec="off"))
+        evaluated = sorted(st.prompt_eval_tokens for _, st in got)
+        assert evaluated[-1] >= len(system) and sum(evaluated[:-1]) <= 6  # the others evaluated their last tokens
+    finally:
+        shared.prompt_cache = None
+
+
+def test_a_request_gets_the_lane_holding_its_prefix_and_idle_lanes_are_parked(shared):
+    from localspec.server.lanes import LanePool
+
+    shared.prompt_cache = PromptCache(shared.lanes[0].target, 64 << 20, lanes=[x.target for x in shared.lanes])
+    try:
+        a, b = tokens(shared, "alpha beta gamma " * 12), tokens(shared, "delta epsilon zeta " * 12)
+        for lane, toks in zip(shared.lanes, (a, b, [])):
+            lane.target.sync(toks)
+        pool = LanePool(shared)
+        got = pool.checkout(b + [5, 6])
+        assert got is shared.lanes[1] and got.target.tokens == b  # its cells are where they were
+        assert shared.lanes[0].target.tokens == [] and any(e.tokens == a for e in shared.prompt_cache.entries)
+        other = pool.checkout(a + [7])  # the parked one comes back from the prompt cache into a free lane
+        assert shared.prompt_cache.prefix_len(a + [7]) == len(a)
+        pool.checkin(got)
+        pool.checkin(other)
+    finally:
+        shared.prompt_cache = None
+
+
+def test_the_wait_queue_is_bounded(monkeypatch):
+    from localspec.server import worker
+    from localspec.server.jobqueue import JobQueue
+    from localspec.server.metrics import Metrics
+    from localspec.server.protocol import ApiError
+
+    monkeypatch.setattr(worker, "MAX_WAITING", 2)
+    srv = worker.ServerSession.__new__(worker.ServerSession)  # no lanes: every job stays waiting
+    srv.jobs, srv.metrics = JobQueue(lambda job: None), Metrics()
+    job = lambda: worker.Job(lambda engine: ([], None), None, lambda event: None)  # noqa: E731
+    srv.submit(job())
+    srv.submit(job())
+    with pytest.raises(ApiError) as e:
+        srv.submit(job())
+    assert e.value.status == 503 and "waiting" in str(e.value)
+
+
 class FakeCtx:
     n_batch = 512
 
@@ -181,8 +233,10 @@ def test_batched_greedy_equals_single_runs_but_at_measured_near_ties_on_the_real
         prompts = [e.prompt_tokens([Message("user", t)]) for t in (
             "Write a Python function that reverses a string.", "What is a mutex? One sentence.",
             "List three prime numbers.", "Write a bash loop that prints 1 to 3.")]
-        cfg = GenConfig(temperature=0, max_tokens=48, spec="off")
+        # speculative: n-gram drafts verified inside the shared steps, rolled back per sequence
+        cfg = GenConfig(temperature=0, max_tokens=48, spec="on", drafter="ngram", draft_max=4)
         got = run_together(e, prompts, cfg)
+        assert sum(st.drafted for _, st in got) > 0
         assert_plain_or_near_tie(e, prompts, [toks for toks, _ in got])
     finally:
         e.close()

@@ -33,6 +33,7 @@ from ..tuning import profile_path
 from ..stats import Stats
 from .infill import LineLimits
 from .jobqueue import JobQueue
+from .lanes import LanePool
 from .metrics import Metrics
 from .protocol import ApiError, Extras, log_unexpected, resolve_logit_bias
 
@@ -71,8 +72,9 @@ class ServerSession:
         self.metrics = Metrics()
         self.jobs = JobQueue(self._superseded)
         self.idle_prompt: list[int] | None = None  # a warm-up cut short by a request: finished when idle
-        self.threads = [threading.Thread(target=self._run, args=(lane,), name=f"localspec-generate-{lane.seq}",
-                                         daemon=True) for lane in lanes]
+        self.lanes = LanePool(self.engine)
+        self.threads = [threading.Thread(target=self._run, args=(i == 0,), name=f"localspec-generate-{i}",
+                                         daemon=True) for i in range(len(lanes))]
         for t in self.threads:
             t.start()
 
@@ -131,19 +133,14 @@ class ServerSession:
         job.emit(("start", 0))
         job.emit(("done", Stats(stop_reason="superseded", spec_mode="off")))
 
-    def _run(self, lane) -> None:
-        idle_worker = lane is self.engine.lanes[0]  # idle work runs on the first lane only
+    def _run(self, idle_worker: bool) -> None:
+        """One worker (one per lane): jobs in order; the first worker also does the idle work."""
         while True:
             try:
                 job = self.jobs.get(timeout=self._idle_after() if idle_worker else None)
             except TimeoutError:
-                if self.jobs.running:  # another lane is busy: idle work waits for a quiet machine
-                    continue
-                if self.idle_prompt:
-                    self._finish_warmup(lane)
-                else:
-                    self.measure_pending = False
-                    self._measure_depth(lane)
+                if not self.jobs.running:  # idle work waits for a quiet machine
+                    self._idle_work()
                 continue
             if job is None:
                 return
@@ -153,7 +150,7 @@ class ServerSession:
             self.jobs.running.add(job)
             self.metrics.processing = len(self.jobs.running)
             try:
-                self._serve(job, lane)
+                self._serve(job)
                 self.measure_pending = True
             except Exception as e:  # never let one job's failure end a generation thread
                 log_unexpected("the generation thread", e)
@@ -169,6 +166,17 @@ class ServerSession:
         if self.idle_prompt:
             return IDLE_WARMUP_S
         return IDLE_MEASURE_S if self.measure_pending else None
+
+    def _idle_work(self) -> None:
+        lane = self.lanes.checkout(lane=self.lanes.last)
+        try:
+            if self.idle_prompt:
+                self._finish_warmup(lane)
+            else:
+                self.measure_pending = False
+                self._measure_depth(lane)
+        finally:
+            self.lanes.checkin(lane)
 
     def _quiet(self) -> bool:
         return self.jobs.empty() and not self.jobs.running
@@ -210,7 +218,15 @@ class ServerSession:
             except OSError:  # an unwritable data dir: keep the figures for this process only
                 pass
 
-    def _serve(self, job: Job, lane) -> None:
+    def _serve(self, job: Job) -> None:
+        held: list = []  # the lane the job got, handed back whatever happens
+        try:
+            self._answer(job, held)
+        finally:
+            for lane in held:
+                self.lanes.checkin(lane)
+
+    def _answer(self, job: Job, held: list) -> None:
         engine = self.engine
         try:
             prompt, cfg = job.prepare(engine)
@@ -229,6 +245,8 @@ class ServerSession:
             if cfg.spec == "auto" and engine.profile is None:
                 cfg.spec = "off"  # no measured costs to decide with: plain decoding, never a guess
             job.emit(("start", len(prompt)))
+            lane = self.lanes.checkout(prompt)
+            held.append(lane)
             stats = self._generate(job, prompt, cfg, lane)
         except ApiError as e:
             job.emit(("error", e))
