@@ -27,6 +27,7 @@ from .errors import ContextFullError
 
 GATHER_S = 0.004  # a step waits this long for sequences still busy in Python (accepting, drafting)
 PRIORITY_WAIT_S = 0.05  # while an editor's completion runs, the others' passes wait this long for its next one
+NEWCOMER_S = 2.0  # a request this new gets the steps to itself: the others decode plainly (no long drafts) meanwhile
 PROMPT_SLICE = 64  # prompt tokens per step while others decode: 0.4-1 s of their time here, 3% dearer than 512
 
 
@@ -57,6 +58,7 @@ class Batcher:
         self.ctx, self.make_room = ctx, make_room
         self.cv = threading.Condition()
         self.active: dict[int, bool] = {}  # seq -> priority, while a generation runs on it
+        self.joined: dict[int, float] = {}  # seq -> when its generation began
         self.waiting: list[Pass] = []
         self.steps = 0
         self.last_step: dict[int, int] = {}  # seq -> tokens it had in the last step
@@ -67,18 +69,23 @@ class Batcher:
     def join(self, seq: int, priority: bool = False) -> None:
         with self.cv:
             self.active[seq] = priority
+            self.joined[seq] = time.monotonic()
 
     def leave(self, seq: int) -> None:
         with self.cv:
             self.active.pop(seq, None)
             self.cv.notify_all()  # a step may have been waiting for this sequence's pass
 
-    def others(self, seq: int) -> tuple[int, int]:
+    def others(self, seq: int) -> tuple[int, int, bool]:
         """(tokens, sequences) the other active sequences had in the last step: what a pass of this
-        sequence's shares its step with (the policy prices drafts by it)."""
-        last = self.last_step
+        sequence's shares its step with (the policy prices drafts by it); and whether a newer request
+        joined within NEWCOMER_S, which this one then yields to: on a CPU a step with a 16-token draft
+        costs ~9 decodes, and a short chat arriving beside a long copied answer would get one token per
+        such step (measured: its 8 tokens in 4.0 s instead of 0.7 s)."""
+        last, now, mine = self.last_step, time.monotonic(), self.joined.get(seq, 0.0)
         rows = [n for s, n in last.items() if s != seq and s in self.active]
-        return sum(rows), len(rows)
+        newer = any(s != seq and t > mine and now - t < NEWCOMER_S for s, t in list(self.joined.items()) if s in self.active)
+        return sum(rows), len(rows), newer
 
     def submit(self, seq: int, tokens: list[int], logits: str) -> Pass:
         p = Pass(seq, list(tokens), logits, self.active.get(seq, False))

@@ -86,7 +86,9 @@ class AdaptivePolicy:
 
     def k_for(self, source: str, k_max: int, match_len: int = 0, origin: str = "") -> int:
         a = self.estimate(_bucket(source, match_len, origin))
-        rows, others = self.load() if self.load is not None else (0, 0)
+        rows, others, newcomer = self.load() if self.load is not None else (0, 0, False)
+        if newcomer:  # a newer request's first steps go at single-token speed: no drafts meanwhile
+            return 0
         k, gain = best_k_shared(a, k_max, self.costs, source, rows, others)
         if k and gain < self.MIN_GAIN:
             k = 0

@@ -214,6 +214,16 @@ def test_a_long_prompt_goes_in_slices_while_others_decode_and_priority_goes_alon
     assert 0 < b._wait_left(time.perf_counter()) <= 0.05
 
 
+def test_a_running_request_yields_to_a_newer_one_for_its_first_steps():
+    b = Batcher.__new__(Batcher)
+    now = time.monotonic()
+    b.active, b.joined, b.last_step = {0: False, 1: False}, {0: now - 30, 1: now - 0.1}, {0: 17, 1: 1}
+    assert b.others(0) == (1, 1, True)  # the long answer: a newcomer is here, draft nothing
+    assert b.others(1) == (17, 1, False)  # the newcomer prices its drafts by the long one's rows
+    b.joined[1] = now - 10
+    assert b.others(0) == (1, 1, False)
+
+
 def test_drafts_are_priced_by_what_they_add_to_a_shared_step():
     prof = CostProfile(t_decode=1.0, t_verify=[1.0 + 0.5 * n for n in range(64)])
     assert best_k_shared(0.9, 16, prof, "ngram", 0, 0) == best_k(0.9, 16, prof, "ngram")
