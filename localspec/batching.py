@@ -79,8 +79,8 @@ class Batcher:
     def others(self, seq: int) -> tuple[int, int, bool]:
         """(tokens, sequences) the other active sequences had in the last step: what a pass of this
         sequence's shares its step with (the policy prices drafts by it); and whether a newer request
-        joined within NEWCOMER_S, which this one then yields to: on a CPU a step with a 16-token draft
-        costs ~9 decodes, and a short chat arriving beside a long copied answer would get one token per
+        joined within NEWCOMER_S, which this one then yields to: on this CPU a step with a 16-token draft
+        costs ~11 decodes, and a short chat arriving beside a long copied answer would get one token per
         such step (measured: its 8 tokens in 4.0 s instead of 0.7 s)."""
         last, now, mine = self.last_step, time.monotonic(), self.joined.get(seq, 0.0)
         rows = [n for s, n in last.items() if s != seq and s in self.active]
