@@ -128,6 +128,26 @@ def test_cancelling_one_generation_mid_batch_frees_its_sequence_and_leaves_the_o
     assert not shared.batcher.active
 
 
+def test_sampling_keeps_each_request_its_own_random_stream(shared, alone):
+    # T > 0: each request samples from its own rows with its own seeded generator, drafts verified by
+    # speculative sampling in shared steps; what it draws is what it draws alone with the same seed
+    prompts = [tokens(shared, t) for t in ("the cache holds", "parse the file", "import data")]
+    cfgs = [GenConfig(temperature=0.8, top_p=1.0, top_k=0, seed=11 + i, max_tokens=30, spec="on", drafter="ngram",
+                      draft_max=4) for i in range(3)]
+    want = [[c.token for c in alone.generate(p, c) if c.token is not None] for p, c in zip(prompts, cfgs)]
+    out: list = [None] * 3
+
+    def run(i: int) -> None:
+        out[i] = [c.token for c in shared.generate(prompts[i], cfgs[i], lane=shared.lanes[i]) if c.token is not None]
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    assert out == want
+
+
 def test_a_prompt_held_by_another_lane_is_shared_not_evaluated_again(shared):
     shared.prompt_cache = PromptCache(shared.lanes[0].target, 64 << 20, lanes=[x.target for x in shared.lanes])
     try:
