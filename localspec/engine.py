@@ -154,7 +154,6 @@ class Engine:
             self.fills = None
             self.lanes = [Lane(self.target, self.load_draft, NgramDrafter(memory=self.ngram_memory))]
         self.lane = self.lanes[0]
-        self.ngram = self.lane.ngram
         # a server's n-gram drafter also looks in its earlier requests and answers; off for one-shot
         # runs and for the bench, whose A/B runs repeat each prompt and must not draft from each other
         self.remember_generations = False

@@ -32,7 +32,7 @@ class LanePool:
                 lane = max(self.free, key=lambda x: (common_prefix(x.target.tokens, prompt or []),
                                                      -len(x.target.tokens)))
             self.free.remove(lane)
-            self._park(lane)
+            self._park()  # the others, lane having left `free`
             self.last = lane
             return lane
 
@@ -41,11 +41,11 @@ class LanePool:
             self.free.append(lane)
             self.cv.notify_all()
 
-    def _park(self, chosen) -> None:
+    def _park(self) -> None:
         cache = self.engine.prompt_cache
         if cache is None or len(self.engine.lanes) < 2:
             return
         for lane in self.free:
-            if len(lane.target.tokens) >= PARK_MIN and lane is not chosen:
+            if len(lane.target.tokens) >= PARK_MIN:
                 cache.save(lane.target)
                 lane.target.reset()
