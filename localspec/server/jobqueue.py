@@ -5,7 +5,8 @@
 - A newer completion from the same editor slot supersedes the waiting ones from that slot and
   the running one (`Job.slot`; llama-server's `id_slot`): they end with an empty answer, the
   running one at its next round, so an editor never waits behind text it no longer needs.
-- Background work yields to any request that arrives (`foreground_waiting`).
+- Background work yields to any request that arrives or runs on another lane (`foreground_waiting`; the
+  worker also checks the running jobs).
 """
 
 from __future__ import annotations
