@@ -227,12 +227,17 @@ class Engine:
         if raw:
             text = messages if isinstance(messages, str) else "".join(x.content for x in messages)
             return m.tokenize(text, add_special=True, parse_special=False)
-        if isinstance(messages, str):
-            messages = [Message("user", messages)]
-        text = render_prompt(self.chat_template(), messages, m, name=m.path.name, tools=tools)
+        text = self.chat_text(messages, tools)
         bos_text = m.token_text(m.bos) if m.add_bos else ""
         add_bos = m.add_bos and not (bos_text and text.startswith(bos_text))
         return m.tokenize(text, add_special=add_bos, parse_special=True)
+
+    def chat_text(self, messages: list[Message] | str, tools: list | None = None) -> str:
+        """The conversation as the model's chat template writes it (llama-server's /apply-template)."""
+        if isinstance(messages, str):
+            messages = [Message("user", messages)]
+        m = self.target_model
+        return render_prompt(self.chat_template(), messages, m, name=m.path.name, tools=tools)
 
     def check_prompt(self, prompt: list[int]) -> None:
         if not prompt:

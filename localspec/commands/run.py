@@ -97,13 +97,6 @@ def cmd_run(args) -> int:
     return out.finish(engine.last_stats, sel.name)
 
 
-def _load_flags(args) -> dict:
-    """Load settings the user gave; a server loaded with other ones is not used."""
-    given = {"ctx_size": args.ctx_size, "threads": args.threads, "n_gpu_layers": args.n_gpu_layers,
-             "mmap": args.mmap}
-    return {k: v for k, v in given.items() if v is not None}
-
-
 def run_on_server(args, prompt_text: str, messages) -> int | None:
     """Answer through a running `localspec serve` holding the same pair; None: no such server."""
     from ..server import client
@@ -112,8 +105,9 @@ def run_on_server(args, prompt_text: str, messages) -> int | None:
     props = client.probe(ep)
     if props is None:
         return None
-    sel = select_models(model_choice(args))
-    if not client.same_pair(props, sel.target, sel.draft, _load_flags(args)):
+    models = model_choice(args)
+    sel = select_models(models)
+    if not client.same_pair(props, sel.target, sel.draft, client.load_flags(models)):
         return None
     cfg = gen_config(gen_choice(args), sel)
     path, body = client.request_body(prompt_text if args.raw else messages, cfg, args.raw)

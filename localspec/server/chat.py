@@ -38,6 +38,7 @@ class ChatRequest:
 @dataclass
 class Text:
     text: str
+    live: tuple | None = None  # (source, Stats so far) when the request asked for per-piece figures
 
 
 @dataclass
@@ -86,7 +87,7 @@ class ChatRun:
         n = 0
         async for piece in self.run.texts(request, idle_s):
             if piece is None or calls is None:
-                yield Idle() if piece is None else Text(piece)
+                yield Idle() if piece is None else Text(piece, self.run.live)
                 continue
             content, new = calls.feed(piece)
             if content:
@@ -109,13 +110,19 @@ class ChatRun:
         return Answer(content, calls, end_of(stats, calls))
 
 
+def conversation(state: ServerState, messages: list[Message]) -> list[Message]:
+    """The turns the model sees: `serve --system` goes first in conversations that bring no system turn."""
+    turns = list(messages)
+    system = state.server.session.system
+    if system and not any(m.role == "system" for m in turns):
+        turns.insert(0, Message("system", system))
+    return turns
+
+
 def _prepare(state: ServerState, chat: ChatRequest):
     if chat.prompt is not None:
         return lambda engine: (chat.prompt(engine), chat.cfg)
-    turns = list(chat.messages)
-    system = state.server.session.system  # `serve --system`: for conversations that bring none
-    if system and not any(m.role == "system" for m in turns):
-        turns.insert(0, Message("system", system))
+    turns = conversation(state, chat.messages)
     tools = chat.tools.tools if chat.tools else None
     return lambda engine: (engine.prompt_tokens(turns, tools=tools), chat.cfg)
 

@@ -102,6 +102,13 @@ def same_pair(props: dict, target: str, draft: str | None, load: dict | None = N
     return all(held.get(k) == v for k, v in (load or {}).items())
 
 
+def load_flags(models) -> dict:
+    """The load settings a user gave (a ModelChoice's): a server loaded with other ones is not used."""
+    given = {"ctx_size": models.ctx_size, "threads": models.threads, "n_gpu_layers": models.n_gpu_layers,
+             "mmap": models.mmap}
+    return {k: v for k, v in given.items() if v is not None}
+
+
 def request_body(messages: list[tuple[str, str]] | str, cfg, raw: bool) -> tuple[str, dict]:
     """(path, body) with every setting of the in-process run spelled out."""
     body = {"temperature": cfg.temperature, "top_k": cfg.top_k, "top_p": cfg.top_p, "min_p": cfg.min_p,
@@ -122,17 +129,17 @@ class ServerFailed(Exception):
     pass
 
 
-def stream_run(ep: Endpoint, path: str, body: dict, on_text) -> Stats:
-    """POST, call on_text(piece) for each confirmed piece, return the run's Stats. A server silent for
-    SILENCE_S raises ServerFailed."""
+def stream_events(ep: Endpoint, path: str, body: dict):
+    """POST, then each SSE event as a dict; an error event or a status other than 200 raises
+    ServerFailed, and so does a server silent for SILENCE_S. Closing the generator hangs up (the
+    server then cancels the answer)."""
     wait_s = silence_s()
     conn = ep.connection(wait_s)
     try:
         conn.request("POST", path, body=json.dumps(body).encode(), headers=ep.headers())
         resp = conn.getresponse()
         if resp.status != 200:
-            raise ServerFailed(_error_message(resp.read()))
-        stats = None
+            raise ServerFailed(error_message(resp.read()))
         for line in resp:
             line = line.strip()
             if not line.startswith(b"data: ") or line == b"data: [DONE]":
@@ -140,14 +147,7 @@ def stream_run(ep: Endpoint, path: str, body: dict, on_text) -> Stats:
             event = json.loads(line[6:])
             if "error" in event:
                 raise ServerFailed(event["error"].get("message", "the server failed"))
-            text = _event_text(event)
-            if text:
-                on_text(text)
-            if "localspec" in event and "stats" in event["localspec"]:
-                stats = event["localspec"]["stats"]
-        if stats is None:
-            raise ServerFailed("the server's answer ended without its figures")
-        return Stats(**{k: v for k, v in stats.items() if k in STAT_FIELDS})
+            yield event
     except (socket.timeout, TimeoutError):
         raise ServerFailed(f"the server sent nothing for {wait_s:g} s; rerun with --local, or raise "
                            "LOCALSPEC_SERVER_TIMEOUT") from None
@@ -155,14 +155,33 @@ def stream_run(ep: Endpoint, path: str, body: dict, on_text) -> Stats:
         conn.close()
 
 
-def _event_text(event: dict) -> str:
+def stream_run(ep: Endpoint, path: str, body: dict, on_text) -> Stats:
+    """POST, call on_text(piece) for each confirmed piece, return the run's Stats."""
+    stats = None
+    for event in stream_events(ep, path, body):
+        text = event_text(event)
+        if text:
+            on_text(text)
+        stats = event_stats(event) or stats
+    if stats is None:
+        raise ServerFailed("the server's answer ended without its figures")
+    return stats
+
+
+def event_stats(event: dict) -> Stats | None:
+    """The figures an event carries (the last one's; every one's with timings_per_token), else None."""
+    st = (event.get("localspec") or {}).get("stats")
+    return Stats(**{k: v for k, v in st.items() if k in STAT_FIELDS}) if isinstance(st, dict) else None
+
+
+def event_text(event: dict) -> str:
     if "choices" in event:
         choices = event["choices"]
         return (choices[0].get("delta") or {}).get("content") or "" if choices else ""
     return event.get("content", "") if not event.get("stop") else ""
 
 
-def _error_message(raw: bytes) -> str:
+def error_message(raw: bytes) -> str:
     try:
         return json.loads(raw)["error"]["message"]
     except (ValueError, KeyError, TypeError):

@@ -121,6 +121,7 @@ class Run:
 
         self.job = Job(prepare, extras, emit, background=background, slot=slot, priority=priority)
         self.stats = None  # the engine's Stats, once done
+        self.live = None  # (source, Stats so far) of the latest text piece, when the request asked for them
         state.server.submit(self.job)
 
     async def next(self, request: Request | None = None, idle_s: float | None = None):
@@ -151,6 +152,8 @@ class Run:
             kind, value = await self.next(request, idle_s)
             if kind == "idle":
                 yield None
+            elif kind == "live":
+                self.live = value
             elif kind == "text":
                 yield value
             elif kind == "error":

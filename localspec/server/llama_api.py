@@ -1,20 +1,24 @@
 """llama-server's own endpoints: /completion and /infill (its native shape, streamed without [DONE]),
-/health, /props, /tokenize, /detokenize and /metrics."""
+/health, /props, /tokenize, /detokenize, /apply-template and /metrics."""
 
 from __future__ import annotations
 
 import asyncio
 import json
+from dataclasses import asdict
 
 from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response
 
 from ..backend import common_prefix
+from ..errors import LocalspecError
 from ..fim import FimUnsupported, fim_stop_tokens, infill_tokens, require_fim
 from . import shapes
+from .chat import conversation
 from .http import Run, ServerState, read_body, read_json, require_serving, stream
 from .infill import check_infill_body
-from .protocol import ApiError, Extras, boolean, completion_tokens, gen_settings, pick_fields, string
+from .protocol import ApiError, Extras, boolean, chat_messages, completion_tokens, gen_settings, pick_fields, string
+from .tools import tool_request
 
 
 async def _native(request: Request, state: ServerState, run: Run, cfg, extras: Extras) -> Response:
@@ -28,7 +32,8 @@ async def _native(request: Request, state: ServerState, run: Run, cfg, extras: E
         n = 0
         async for text in run.texts():
             n += 1
-            yield shapes.native_partial(text, n, prompt_len)
+            chunk = shapes.native_partial(text, n, prompt_len)
+            yield chunk if run.live is None else {**chunk, **shapes.live_fields(run.live)}
         yield shapes.native_final("", run.stats, state.model_id, cfg)
     return stream(run, events())
 
@@ -98,6 +103,8 @@ async def props(request: Request, state: ServerState) -> Response:
         "build_info": "localspec", "is_sleeping": False,
         "localspec": {"target": sess.selection.target, "draft": sess.selection.draft,
                       "fim": bool(m.fim_tokens()), "spec": sess.gen.spec, "drafter": sess.gen.drafter,
+                      "add_bos": bool(m.add_bos), "bos_id": m.bos,
+                      "profile": asdict(srv.engine.profile) if srv.engine.profile is not None else None,
                       "load": {"ctx_size": sess.load.n_ctx, "threads": sess.load.n_threads,
                                "n_gpu_layers": sess.load.n_gpu_layers_target, "mmap": sess.load.mmap}},
     })
@@ -127,6 +134,17 @@ async def tokenize(request: Request, state: ServerState) -> Response:
     return Response(await asyncio.to_thread(answer), media_type="application/json")
 
 
+async def apply_template(request: Request, state: ServerState) -> Response:
+    """llama-server's /apply-template: a conversation as the prompt text a chat request would evaluate."""
+    body = await read_json(request)
+    turns, tools = conversation(state, chat_messages(body)), tool_request(body)
+    try:
+        text = await asyncio.to_thread(state.server.engine.chat_text, turns, tools.tools if tools else None)
+    except LocalspecError as e:  # a template that refuses the conversation
+        raise ApiError(400, str(e))
+    return JSONResponse({"prompt": text})
+
+
 async def detokenize(request: Request, state: ServerState) -> Response:
     body = await read_json(request)
     tokens = body.get("tokens", [])
@@ -148,5 +166,6 @@ ROUTES = [
     ("/completion", completion, ["POST"]), ("/completions", completion, ["POST"]),
     ("/infill", infill, ["POST"]), ("/props", props, ["GET"]),
     ("/tokenize", tokenize, ["POST"]), ("/detokenize", detokenize, ["POST"]),
+    ("/apply-template", apply_template, ["POST"]),
     ("/metrics", metrics, ["GET"]),
 ]

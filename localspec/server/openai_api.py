@@ -35,7 +35,8 @@ async def chat_completions(request: Request, state: ServerState) -> Response:
             if isinstance(ev, Idle):
                 yield KEEPALIVE
             elif isinstance(ev, Text):
-                yield shapes.oai_chat_chunk(obj_id, model, {"content": ev.text})
+                chunk = shapes.oai_chat_chunk(obj_id, model, {"content": ev.text})
+                yield chunk if ev.live is None else {**chunk, **shapes.live_fields(ev.live)}
             elif isinstance(ev, ToolCall):
                 yield shapes.oai_chat_chunk(obj_id, model, {"tool_calls": [{"index": ev.index, **ev.call}]})
             else:
@@ -66,7 +67,8 @@ async def completions(request: Request, state: ServerState) -> Response:
 
     async def events():
         async for text in run.texts():
-            yield shapes.oai_completion(obj_id, model, text)
+            chunk = shapes.oai_completion(obj_id, model, text)
+            yield chunk if run.live is None else {**chunk, **shapes.live_fields(run.live)}
         st = run.stats
         last = shapes.oai_completion(obj_id, model, "", None, finish(end_of(st, [])))
         for out in stream_end(last, st, "text_completion", extras.include_usage):

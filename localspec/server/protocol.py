@@ -178,6 +178,7 @@ class Extras:
     response_fields: list[str] = field(default_factory=list)
     logit_bias: list = field(default_factory=list)  # [(token id or text, bias)], resolved by the worker
     ignore_eos: bool = False  # llama-server's: every end-of-generation token banned (a bias of -inf)
+    timings_per_token: bool = False  # llama-server's: each streamed piece carries the figures so far
 
 
 def gen_settings(body: dict, defaults: GenConfig, oai: bool) -> tuple[GenConfig, Extras]:
@@ -209,7 +210,7 @@ def gen_settings(body: dict, defaults: GenConfig, oai: bool) -> tuple[GenConfig,
     cfg.grammar = requested_grammar(body)
     extras = Extras(stream=boolean(body, "stream"), n_indent=integer(body, "n_indent", 0, 0),
                     t_max_predict_ms=integer(body, "t_max_predict_ms", 0, 0), logit_bias=logit_bias(body),
-                    ignore_eos=boolean(body, "ignore_eos"))
+                    ignore_eos=boolean(body, "ignore_eos"), timings_per_token=boolean(body, "timings_per_token"))
     so = body.get("stream_options")
     if so is not None:
         if not isinstance(so, dict):

@@ -52,6 +52,13 @@ def localspec_stats(st) -> dict:
     }
 
 
+def live_fields(live) -> dict:
+    """llama-server's `timings_per_token`: a streamed piece's figures so far; localspec adds which model
+    the piece's last token came from ("target", or "model"/"ngram" for an accepted draft)."""
+    source, st = live
+    return {"timings": timings(st), "localspec": {"source": source or "target", "stats": st.to_dict()}}
+
+
 def usage(st) -> dict:
     return {"completion_tokens": st.tokens, "prompt_tokens": st.prompt_tokens,
             "total_tokens": st.tokens + st.prompt_tokens,

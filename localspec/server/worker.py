@@ -17,6 +17,7 @@ runs on the first lane when no job runs at all.
 
 from __future__ import annotations
 
+import copy
 import threading
 import time
 from dataclasses import dataclass, field
@@ -287,9 +288,12 @@ class ServerSession:
             return stats
         limits = LineLimits(ex.n_indent, ex.t_max_predict_ms) if (ex.n_indent or ex.t_max_predict_ms) else None
         gen = engine.generate(prompt, cfg, cancel=job.cancel.is_set, lane=lane, priority=job.priority)
+        t_call = time.perf_counter()
         try:
             for chunk in gen:
                 text, stop = (chunk.text, False) if limits is None else limits.push(chunk.text)
+                if text and ex.timings_per_token:
+                    job.emit(("live", (chunk.source, live_figures(lane.last_stats, t_call))))
                 if text:
                     job.emit(("text", text))
                 if stop:
@@ -298,3 +302,11 @@ class ServerSession:
         finally:
             gen.close()
         return lane.last_stats
+
+
+def live_figures(stats: Stats, t_call: float) -> Stats:
+    """A copy of a running answer's figures (its generator, paused in this thread now, goes on changing
+    them), with the time spent generating so far, as `localspec chat` counts it in-process."""
+    now = copy.deepcopy(stats)
+    now.generation_s = max(0.0, time.perf_counter() - t_call - stats.prompt_eval_s)
+    return now
