@@ -220,6 +220,7 @@ def ensure_profile(engine, spec: str = "auto", notify: Notify | None = None, rem
 
 class Session:
     """A user's choice resolved and loaded: `selection`, `load`, `gen` (the GenConfig), `engine`."""
+    remote = False  # loaded in this process (server/remote.py: a running server's pair)
 
     def __init__(self, selection: Selection, gen: GenConfig, load: LoadConfig, engine, system: str | None = None,
                  notes: list[str] | None = None):

@@ -156,7 +156,7 @@ class ChatApp(App):
 
     @work(thread=True, group="load", exit_on_error=False)
     def _load(self) -> None:
-        result = load_session(self.options.models, self.options.gen, self._post)
+        result = load_session(self.options.models, self.options.gen, self._post, self.options.local)
         with self._engine_lock:
             if self._closing and isinstance(result, Loaded):
                 result.session.close()
@@ -199,7 +199,8 @@ class ChatApp(App):
         if e.profile is not None:
             rel = e.profile.relative_verify()
             bits.append(f"measured: decode {1000 * e.profile.t_decode:.1f} ms, verify(5) {rel[min(4, len(rel) - 1)]:.2f}×")
-        await self.say(f"ready in {msg.seconds:.1f} s · " + " · ".join(bits), "ok")
+        notes = "".join(f"\n{n}" for n in msg.session.notes)  # e.g. answered through a running server
+        await self.say(f"ready in {msg.seconds:.1f} s · " + " · ".join(bits) + notes, "ok")
         self.loading = False
         self.refresh_status()
         await self.send_queued()

@@ -12,3 +12,4 @@ class ChatOptions:
     models: ModelChoice = field(default_factory=ModelChoice)
     gen: GenChoice = field(default_factory=GenChoice)
     resume: bool = False  # continue the last saved conversation
+    local: bool = False  # load the pair here even when a running `localspec serve` holds it

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Callable
 
 from ..errors import ContextFullError, LocalspecError
+from ..server.remote import attach
 from ..session import GenChoice, ModelChoice, Session
 from .messages import (
     Loaded,
@@ -35,8 +36,9 @@ SAVE_INTERVAL_S = 0.5  # ... and writes the reply so far to the history this oft
 Post = Callable[[object], None]
 
 
-def load_session(models: ModelChoice, gen: GenChoice, post: Post) -> Loaded | LoadFailed:
-    """Resolve and load the pair, and make sure --spec auto has its pass costs."""
+def load_session(models: ModelChoice, gen: GenChoice, post: Post, local: bool = False) -> Loaded | LoadFailed:
+    """Resolve and load the pair (or find a running server that holds it, unless `local`), and make
+    sure --spec auto has its pass costs."""
     t0 = time.monotonic()
     session = None
     try:
@@ -45,7 +47,8 @@ def load_session(models: ModelChoice, gen: GenChoice, post: Post) -> Loaded | Lo
         def note(text: str) -> None:
             post(LoadStep(text.rstrip(".")))
 
-        session = _open(models, gen, note)
+        session = None if local else attach(models, gen, note)
+        session = session or _open(models, gen, note)
         session.ensure_profile(note, measure=False)  # a stored profile only: no one waits for a measurement
         load_draft_in_background(session)
     except LocalspecError as e:
@@ -101,7 +104,7 @@ def generate_reply(session: Session, turn: Turn, messages, cfg, cancel: Callable
     ntok = 0
     # --spec auto with no measured pass costs yet (the first reply on this machine): answer plainly
     # now and measure right after, so nobody waits for the measurement before the first token
-    measure_after = cfg.spec == "auto" and engine.profile is None
+    measure_after = cfg.spec == "auto" and engine.profile is None and not session.remote  # a server measures its own
     if measure_after:
         cfg = cfg.with_(spec="off")
     try:
@@ -109,9 +112,9 @@ def generate_reply(session: Session, turn: Turn, messages, cfg, cancel: Callable
         t_call = last_post = last_save = time.perf_counter()
         source = "target"
         for chunk in engine.generate(prompt, cfg, cancel=cancel):
-            if chunk.token is not None:
+            if chunk.source is not None:  # a confirmed token (a remote piece: its last token)
                 ntok += 1
-                source = chunk.source or source
+                source = chunk.source
             if chunk.text:
                 pieces.append((chunk.text, source))
                 runs.append((chunk.text, source))
@@ -119,7 +122,9 @@ def generate_reply(session: Session, turn: Turn, messages, cfg, cancel: Callable
             now = time.perf_counter()
             if pieces and (now - last_post >= STREAM_INTERVAL_S or len(runs) == len(pieces)):
                 st = engine.last_stats
-                live = Live.of(st, now - t_call - st.prompt_eval_s, engine.profile)
+                # a server's figures count its own generation time (not the wait in its queue, nor HTTP)
+                elapsed = st.generation_s if session.remote else now - t_call - st.prompt_eval_s
+                live = Live.of(st, elapsed, engine.profile)
                 post(ReplyDelta(turn.view, pieces, live))
                 pieces, last_post = [], now
             if turn.reply_id is not None and now - last_save >= SAVE_INTERVAL_S:

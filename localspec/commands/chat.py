@@ -21,6 +21,8 @@ def register(sub) -> None:
     add_model_args(p, positional_pair=True)
     add_gen_args(p)
     p.add_argument("--continue", dest="resume", action="store_true", help="continue the last saved conversation")
+    p.add_argument("--local", action="store_true",
+                   help="load the models here even when a `localspec serve` with this pair is running")
     p.set_defaults(func=cmd_chat)
 
     h = sub.add_parser("history", help="list, show and export saved chats")
@@ -43,7 +45,7 @@ def register(sub) -> None:
 def chat_options(args):
     from ..chat.options import ChatOptions
 
-    return ChatOptions(models=model_choice(args), gen=gen_choice(args), resume=args.resume)
+    return ChatOptions(models=model_choice(args), gen=gen_choice(args), resume=args.resume, local=args.local)
 
 
 def parse_chat_args(argv: list[str]):
