@@ -78,11 +78,13 @@ def main() -> int:
         shutil.copytree(models, home / "models")
     labels = ["localspec serve, first question (cold)", "localspec serve restarted, new session (warm: disk)"]
     for label in labels[1:] if a.warm_only else labels:
-        srv = ServerProcess(["--temperature", "0"], home)
+        srv = ServerProcess(["--temperature", "0", "--log-requests"], home)
         try:
             rows.append(ask(label, srv.port, a.tools, work, claude_home))
         finally:
             srv.stop()
+        timings = [ln for ln in srv.output().splitlines() if " lane " in ln]  # where each request's time went
+        print(f"{label}:", *timings, sep="\n  ", file=sys.stderr, flush=True)
     print("| run | claude -p wall time | answered | /v1/messages requests | prompt tokens evaluated | answer |")
     print("|---|---|---|---|---|---|")
     for r in rows:

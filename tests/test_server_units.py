@@ -178,3 +178,15 @@ def test_tool_calls_with_doubled_braces_are_parsed():
         assert content == "" and json.loads(calls[0]["function"]["arguments"]) == {"city": "Paris"}
     for text in ('{{"name": "other", "arguments": {}}}', '{{ not json }}', '{"name": "get_weather"} and more'):
         assert split_calls(text, names) == (text, [])
+
+
+def test_log_requests_timing_line_is_whole():
+    from localspec.server.worker import timing_line
+    from localspec.stats import Stats
+
+    st = Stats(prompt_tokens=18734, prompt_eval_tokens=40, prompt_eval_s=6.4, tokens=25, generation_s=5.0,
+               drafted=12, accepted=9, stop_reason="eos", cache_restored=True)
+    assert timing_line(st, 1, 0.004) == (
+        "localspec serve: lane 1: waited 0.00 s · prompt 40 new tokens (18694 cached, restored) in 6.40 s "
+        "(6.2 tok/s) · 25 tokens in 5.00 s (5.0 tok/s, 9/12 drafts accepted) · eos\n")
+    assert "(0 cached) in 0.00 s (-)" in timing_line(Stats(stop_reason="length"), 0, 0.0)

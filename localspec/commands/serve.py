@@ -51,7 +51,9 @@ def register(sub) -> None:
     g.add_argument("-np", "--parallel", type=pos_int, default=DEFAULT_PARALLEL, metavar="N",
                    help=f"requests generating at once, each a sequence of one shared context (its KV cache is "
                         f"shared, not multiplied); more wait in a queue (default {DEFAULT_PARALLEL}, llama-server's)")
-    g.add_argument("--log-requests", action="store_true", help="print one line per request")
+    g.add_argument("--log-requests", action="store_true",
+                   help="print one line per request, and one with each answer's timings (prompt tokens new and "
+                        "cached, tok/s, drafts accepted), as llama-server's log")
     add_editor_args(p)
     p.set_defaults(func=cmd_serve)
 

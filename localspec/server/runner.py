@@ -47,7 +47,7 @@ def model_names(session: Session) -> tuple[str, set[str]]:
 
 
 def load_into(state: ServerState, models: ModelChoice, gen: GenChoice, notify: Callable[[str], None],
-              editor: EditorSettings | None = None) -> bool:
+              editor: EditorSettings | None = None, log_requests: bool = False) -> bool:
     try:
         session = Session.open(models, gen, notify)
         if session.gen.max_tokens < 0:
@@ -61,7 +61,7 @@ def load_into(state: ServerState, models: ModelChoice, gen: GenChoice, notify: C
     for text in session.notes:
         notify(f"note: {text}")
     state.model_id, state.aliases = model_names(session)
-    state.server = ServerSession(session, editor)
+    state.server = ServerSession(session, editor, log_requests)
     return True
 
 
@@ -87,7 +87,7 @@ def serve(models: ModelChoice, gen: GenChoice, host: str, port: int, api_key: st
     @contextlib.asynccontextmanager
     async def lifespan(app):
         def load():
-            if load_into(state, models, gen, notify, editor):
+            if load_into(state, models, gen, notify, editor, log_requests):
                 notify(f"ready: {state.model_id} ({state.server.session.selection.describe()})")
             else:
                 failed.set()

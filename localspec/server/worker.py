@@ -18,6 +18,7 @@ runs on the first lane when no job runs at all.
 from __future__ import annotations
 
 import copy
+import sys
 import threading
 import time
 from dataclasses import dataclass, field
@@ -54,11 +55,13 @@ class Job:
     background: bool = False  # a warm-up (n_predict 0): served after the others, gives way to them
     slot: str | None = None  # an editor slot: a newer completion from it supersedes this one
     priority: bool = False  # an editor's completion: its passes go ahead of the other requests' decoding
+    queued_at: float = field(default_factory=time.perf_counter)
 
 
 class ServerSession:
-    def __init__(self, session: Session, editor: EditorSettings | None = None):
+    def __init__(self, session: Session, editor: EditorSettings | None = None, log_requests: bool = False):
         self.session = session
+        self.log_requests = log_requests  # a timing line per answer on stderr, as llama-server prints
         self.engine = session.engine
         editor = editor or EditorSettings()
         lanes = self.engine.lanes
@@ -251,6 +254,7 @@ class ServerSession:
             if cfg.spec == "auto" and engine.profile is None:
                 cfg.spec = "off"  # no measured costs to decide with: plain decoding, never a guess
             job.emit(("start", len(prompt)))
+            t_start = time.perf_counter()
             lane = self.lanes.checkout(prompt)
             held.append(lane)
             stats = self._generate(job, prompt, cfg, lane)
@@ -271,6 +275,9 @@ class ServerSession:
             job.emit(("error", ApiError(503, CUT_SHORT)))
             return
         job.emit(("done", stats))
+        if self.log_requests:
+            sys.stderr.write(timing_line(stats, lane.seq, t_start - job.queued_at))
+            sys.stderr.flush()
         if engine.prompt_cache is not None:  # after the answer (its client need not wait); a prompt whose
             engine.prompt_cache.persist(stats.prompt_eval_tokens, lane.target)  # client gave up: for its retry
 
@@ -310,3 +317,15 @@ def live_figures(stats: Stats, t_call: float) -> Stats:
     now = copy.deepcopy(stats)
     now.generation_s = max(0.0, time.perf_counter() - t_call - stats.prompt_eval_s)
     return now
+
+
+def timing_line(st: Stats, lane: int, waited_s: float) -> str:
+    """`serve --log-requests`: one answer's figures, as llama-server's timing lines give them."""
+    def rate(n, s):
+        return f"{n / s:.1f} tok/s" if s > 0 else "-"
+    cached = st.prompt_tokens - st.prompt_eval_tokens
+    drafts = f", {st.accepted}/{st.drafted} drafts accepted" if st.drafted else ""
+    return (f"localspec serve: lane {lane}: waited {waited_s:.2f} s · prompt {st.prompt_eval_tokens} new tokens "
+            f"({cached} cached{', restored' if st.cache_restored else ''}) in {st.prompt_eval_s:.2f} s "
+            f"({rate(st.prompt_eval_tokens, st.prompt_eval_s)}) · {st.tokens} tokens in {st.generation_s:.2f} s "
+            f"({rate(st.tokens, st.generation_s)}{drafts}) · {st.stop_reason}\n")
