@@ -134,7 +134,7 @@ class Engine:
         self.draft_ctx: Context | None = None
         self._draft_lock = threading.Lock()
         self.target = Context(self.target_model, load.n_ctx, load.n_batch, load.n_threads, load.n_threads_batch,
-                              n_seq=max(1, load.n_parallel))
+                              n_seq=max(1, load.n_parallel), flash_attn=load.flash_attn)
         self.target.pad_verify = self.pads_verify(load)
         self.governor = None
         if load.adapt_threads and load.n_threads > 1:
@@ -197,7 +197,7 @@ class Engine:
                     require_compatible(self.target_model.vocab_info(), model.vocab_info())
                     threads = self.decode_threads
                     self.draft_ctx = Context(model, load.n_ctx, load.n_batch, threads, threads,
-                                             n_seq=max(1, load.n_parallel))
+                                             n_seq=max(1, load.n_parallel), flash_attn=load.flash_attn)
                 except BaseException:
                     model.close()
                     raise

@@ -38,8 +38,9 @@ class DiskEntry:
     crc: int
 
 
-def pair_key(target_path: str) -> str:
-    """What a saved state depends on: the model file (name and size) and the llama.cpp build."""
+def pair_key(target_path: str, flash_attn: str = "auto") -> str:
+    """What a saved state depends on: the model file (name and size), the llama.cpp build, and flash
+    attention when set (without it llama.cpp stores V transposed, and refuses the other layout)."""
     try:
         import llama_cpp
         build = getattr(llama_cpp, "__version__", "?")
@@ -47,7 +48,7 @@ def pair_key(target_path: str) -> str:
         build = "?"
     p = Path(target_path)
     size = p.stat().st_size if p.exists() else 0
-    return f"{p.name}:{size}:llama-cpp-python {build}"
+    return f"{p.name}:{size}:llama-cpp-python {build}" + ("" if flash_attn == "auto" else f":fa {flash_attn}")
 
 
 class DiskPrompts:

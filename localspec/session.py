@@ -37,6 +37,7 @@ class ModelChoice:
     n_gpu_layers_draft: int | None = None  # the draft's own (-ngld); None: as n_gpu_layers
     ctx_fit: int = 0  # without ctx_size: the largest context up to this that the model and memory allow
     parallel: int = 0  # generations at once (a server's --parallel); 0: one
+    flash_attn: str | None = None  # "on" | "off" | "auto" (-fa); None: LoadConfig's default
 
 
 @dataclass
@@ -96,6 +97,8 @@ def load_config(choice: ModelChoice, sel: Selection) -> LoadConfig:
         load.adapt_threads = False
     if choice.mmap is not None:
         load.mmap = choice.mmap
+    if choice.flash_attn is not None:
+        load.flash_attn = choice.flash_attn
     if choice.n_gpu_layers is not None:
         load.n_gpu_layers_target = load.n_gpu_layers_draft = choice.n_gpu_layers
     if choice.n_gpu_layers_draft is not None:

@@ -51,6 +51,7 @@ def ask(label: str, upstream: int, tools: str | None, work: Path, home: Path) ->
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--skip-llama", action="store_true", help="localspec only")
+    p.add_argument("--serve-args", default="", help="more flags for localspec serve, e.g. \"-fa off\"")
     p.add_argument("--tools", default=None, help="Claude Code's --tools (default: all of them, its real first prompt)")
     p.add_argument("--warm-only", nargs=3, type=Path, metavar=("DATA_ROOT", "PROJECT", "CLAUDE_HOME"),
                    help="only the warm run, on the data root, project directory and Claude Code HOME of an earlier run")
@@ -78,7 +79,7 @@ def main() -> int:
         shutil.copytree(models, home / "models")
     labels = ["localspec serve, first question (cold)", "localspec serve restarted, new session (warm: disk)"]
     for label in labels[1:] if a.warm_only else labels:
-        srv = ServerProcess(["--temperature", "0", "--log-requests"], home)
+        srv = ServerProcess(["--temperature", "0", "--log-requests", *a.serve_args.split()], home)
         try:
             rows.append(ask(label, srv.port, a.tools, work, claude_home))
         finally:

@@ -13,13 +13,16 @@ from ..errors import ContextFullError, ModelLoadError
 from .model import Model
 
 
+FLASH_ATTN = {"auto": -1, "off": 0, "on": 1}  # llama_flash_attn_type
+
+
 class Context:
     """One llama_context. Sequence 0 is the default one (`tokens`); with n_seq > 1 the sequences share
     one unified KV cache (a server's parallel requests, `batching.py`), each with its tokens in
     `seq_tokens`. Every call into llama.cpp holds `lock`, so threads may share a context."""
 
     def __init__(self, model: Model, n_ctx: int = 4096, n_batch: int = 512, n_threads: int | None = None,
-                 n_threads_batch: int | None = None, n_seq: int = 1):
+                 n_threads_batch: int | None = None, n_seq: int = 1, flash_attn: str = "auto"):
         L = model.L
         threads = n_threads or (os.cpu_count() or 1)
         cp = L.llama_context_default_params()
@@ -31,6 +34,7 @@ class Context:
         cp.n_threads = threads
         cp.n_threads_batch = n_threads_batch or threads
         cp.no_perf = True
+        cp.flash_attn_type = FLASH_ATTN[flash_attn]
         self.ptr = L.llama_init_from_model(model.ptr, cp)
         if not self.ptr:
             raise ModelLoadError(f"llama.cpp could not create a {n_ctx}-token context for {model.path.name} "

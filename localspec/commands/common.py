@@ -31,6 +31,10 @@ def add_model_args(p: argparse.ArgumentParser, positional_pair: bool = False) ->
                    help="read the weights into memory instead of memory-mapping them (the default maps them, "
                         "releasing the mapped pages as they load)")
     g.add_argument("--mmap", dest="mmap", action="store_true", help=argparse.SUPPRESS)  # the default; kept for old scripts
+    g.add_argument("-fa", "--flash-attn", choices=["on", "off", "auto"], default=None,
+                   help="llama.cpp's flash attention, like its -fa (default auto: llama.cpp's choice, on for a "
+                        "CPU). On a 2-core CPU off made passes deep in a long context faster (an agent's 19k-token "
+                        "prompt) for a bigger compute buffer: see README, Serve")
 
 
 def add_gen_args(p: argparse.ArgumentParser, unlimited: bool = False) -> None:
@@ -123,7 +127,8 @@ def model_choice(args) -> ModelChoice:
     return ModelChoice(pair=getattr(args, "pair_opt", None) or getattr(args, "pair", None), target=args.target,
                        draft=args.draft, pull=getattr(args, "pull", False), ctx_size=args.ctx_size,
                        threads=args.threads, n_gpu_layers=args.n_gpu_layers, mmap=getattr(args, "mmap", None),
-                       n_gpu_layers_draft=getattr(args, "n_gpu_layers_draft", None))
+                       n_gpu_layers_draft=getattr(args, "n_gpu_layers_draft", None),
+                       flash_attn=getattr(args, "flash_attn", None))
 
 
 def gen_choice(args) -> GenChoice:

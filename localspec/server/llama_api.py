@@ -106,7 +106,8 @@ async def props(request: Request, state: ServerState) -> Response:
                       "add_bos": bool(m.add_bos), "bos_id": m.bos,
                       "profile": asdict(srv.engine.profile) if srv.engine.profile is not None else None,
                       "load": {"ctx_size": sess.load.n_ctx, "threads": sess.load.n_threads,
-                               "n_gpu_layers": sess.load.n_gpu_layers_target, "mmap": sess.load.mmap}},
+                               "n_gpu_layers": sess.load.n_gpu_layers_target, "mmap": sess.load.mmap,
+                               "flash_attn": sess.load.flash_attn}},
     })
 
 
