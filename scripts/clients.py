@@ -17,7 +17,9 @@ import argparse
 import http.client
 import json
 import os
+import select
 import shutil
+import socket
 import subprocess
 import sys
 import tempfile
@@ -135,6 +137,22 @@ def answer_summary(body: bytes) -> dict:
     return out
 
 
+def pass_hangup(client: socket.socket, upstream: http.client.HTTPConnection, answered: threading.Event) -> None:
+    """Until the server starts answering, watch the client: when it hangs up (an agent giving up on a
+    request after minutes), close the connection to the server, which then cancels the request, as it
+    would for the client itself. Without this a non-streamed request abandoned by its client ran on."""
+    while not answered.wait(0.25):
+        try:
+            readable, _, _ = select.select([client], [], [], 0)
+            if readable and client.recv(1, socket.MSG_PEEK) == b"":
+                upstream.sock.shutdown(socket.SHUT_RDWR)
+                return
+            if readable:  # the client's next request, pipelined: it is still there
+                return
+        except (OSError, AttributeError):
+            return
+
+
 def start_proxy(rec: Recorder) -> int:
     class Handler(BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"
@@ -148,7 +166,12 @@ def start_proxy(rec: Recorder) -> int:
             conn = http.client.HTTPConnection("127.0.0.1", rec.upstream, timeout=3600)  # agents' prompts: minutes
             headers = {k: v for k, v in self.headers.items() if k.lower() not in ("host", "connection", "content-length")}
             conn.request(self.command, self.path, body=body or None, headers=headers)
-            resp = conn.getresponse()
+            answered = threading.Event()
+            threading.Thread(target=pass_hangup, args=(self.connection, conn, answered), daemon=True).start()
+            try:
+                resp = conn.getresponse()
+            finally:
+                answered.set()
             self.send_response(resp.status)
             for k, v in resp.getheaders():
                 if k.lower() not in ("transfer-encoding", "connection", "content-length"):
