@@ -92,6 +92,9 @@ def test_chat_answers_through_the_server_with_live_figures(server, tiny, monkeyp
             assert {s for _, s in view.runs} <= {"target", "model", "ngram"} and len(view.runs) > 1
             assert re.search(r"spec on k=4 temp=0 │ [0-9.]+ tok/s │ accept [0-9]+% │ mean acc len [0-9.]+ │ "
                              r"[0-9.]+ passes/tok", status_text(app)), status_text(app)
+            conv = app.conv  # the conversation overflows the screen and the reply is in view at its end
+            await wait_until(pilot, lambda: conv.max_scroll_y > 0 and conv.scroll_y >= conv.max_scroll_y - 1,
+                             "the reply scrolled into view")
             return app.last_reply
 
     reply = asyncio.run(go())

@@ -128,6 +128,9 @@ class ChatApp(App):
 
     async def on_mount(self) -> None:
         self.prompt_box.focus()
+        # the conversation stays scrolled to its end as a reply grows, whatever the timing of the layout,
+        # until the user scrolls up (a reply that started just as the view overflowed stayed off screen)
+        self.conv.anchor()
         if self.store_error:
             await self.say(f"{self.store_error}. Chatting without saved history.", "error")
         try:  # provisional until the pair's own settings are known (in the loader)
