@@ -41,6 +41,12 @@ def ask(label: str, upstream: int, tools: str | None, work: Path, home: Path) ->
     r, took = agent_clients.run_claude(clients, url, tools=tools, work=work, home=home)
     out = (r.stdout.strip() or r.stderr.strip()).replace("\n", " ")
     msgs = [x for x in rec.seen if x["path"].startswith("/v1/messages")]
+    t0 = min((x["t_start"] for x in msgs), default=0.0)
+    for x in msgs:  # what the agent sent, and when each ended (None: still open when it exited)
+        end = x.get("t_end")
+        shown = {k: x[k] for k in ("model", "stream", "max_tokens", "tools", "status") if k in x}
+        print(f"  request at {x['t_start'] - t0:7.1f} s, ended {'open' if end is None else f'{end - t0:7.1f} s'}: "
+              f"{shown}", file=sys.stderr, flush=True)
     evaluated = prompt_tokens_total(upstream)
     row = {"run": label, "seconds": round(took), "answered": agent_clients.FILE_FACT[2] in out, "requests": len(msgs),
            "prompt_evaluated": evaluated, "answer": out[-100:]}
