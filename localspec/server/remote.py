@@ -64,6 +64,7 @@ class RemoteEngine:
         pairs = [(m.role, m.content) for m in prompt.messages]
         path, body = client.request_body(pairs, cfg, raw=False)
         body["timings_per_token"] = True
+        self.last_stats = None
         events = client.stream_events(self.ep, path, body)
         try:
             for event in events:
