@@ -79,8 +79,7 @@ class RemoteEngine:
         except client.ServerFailed as e:
             raise LocalspecError(f"{e} (answered by the server at {self.ep.host}:{self.ep.port})") from None
         except (OSError, ValueError, http.client.HTTPException) as e:
-            raise LocalspecError(f"the server at {self.ep.host}:{self.ep.port} stopped answering ({e}); "
-                                 "start the chat with --local to load the models here") from None
+            raise self._gone(e) from None
         finally:
             events.close()
 
@@ -95,10 +94,13 @@ class RemoteEngine:
                                      f"{self.ep.host}:{self.ep.port})")
             return json.loads(raw)
         except (OSError, ValueError, http.client.HTTPException, socket.timeout) as e:
-            raise LocalspecError(f"the server at {self.ep.host}:{self.ep.port} stopped answering ({e}); "
-                                 "start the chat with --local to load the models here") from None
+            raise self._gone(e) from None
         finally:
             conn.close()
+
+    def _gone(self, e: BaseException) -> LocalspecError:
+        return LocalspecError(f"the server at {self.ep.host}:{self.ep.port} stopped answering ({e}); "
+                              "start the chat with --local to load the models here")
 
     def close(self) -> None:
         pass
