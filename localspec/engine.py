@@ -133,8 +133,9 @@ class Engine:
         self.draft_model: Model | None = None
         self.draft_ctx: Context | None = None
         self._draft_lock = threading.Lock()
+        self.flash_attn = self.flash_attn_in_use(load)
         self.target = Context(self.target_model, load.n_ctx, load.n_batch, load.n_threads, load.n_threads_batch,
-                              n_seq=max(1, load.n_parallel), flash_attn=load.flash_attn)
+                              n_seq=max(1, load.n_parallel), flash_attn=self.flash_attn)
         self.target.pad_verify = self.pads_verify(load)
         self.governor = None
         if load.adapt_threads and load.n_threads > 1:
@@ -165,11 +166,25 @@ class Engine:
         return self.lane.last_stats
 
     @staticmethod
-    def pads_verify(load: LoadConfig) -> bool:
+    def on_gpu(load: LoadConfig) -> bool:
+        """Whether the target's layers go to a GPU (asked for, and a GPU backend compiled in)."""
+        return load.n_gpu_layers_target != 0 and system_info()["gpu_offload"] and not load.rpc_servers
+
+    @classmethod
+    def pads_verify(cls, load: LoadConfig) -> bool:
         """Constant verify shapes: asked for, or (by default) when the target runs on a GPU."""
         if load.verify_buckets is not None:
             return load.verify_buckets
-        return load.n_gpu_layers_target != 0 and system_info()["gpu_offload"] and not load.rpc_servers
+        return cls.on_gpu(load)
+
+    @classmethod
+    def flash_attn_in_use(cls, load: LoadConfig) -> str:
+        """llama.cpp's flash attention as this load runs it: what was asked for, or for "auto" llama.cpp's
+        own choice on a GPU and "off" on a CPU, where llama.cpp's auto picks the kernel that is slower from
+        a few hundred tokens deep (docs/BENCHMARKS.md, "Flash attention on a CPU")."""
+        if load.flash_attn != "auto":
+            return load.flash_attn
+        return "auto" if cls.on_gpu(load) else "off"
 
     def _expected_pass_s(self, n_tokens: int) -> float | None:
         """What a target pass over n tokens should cost on a quiet machine (the measured profile)."""
@@ -197,7 +212,7 @@ class Engine:
                     require_compatible(self.target_model.vocab_info(), model.vocab_info())
                     threads = self.decode_threads
                     self.draft_ctx = Context(model, load.n_ctx, load.n_batch, threads, threads,
-                                             n_seq=max(1, load.n_parallel), flash_attn=load.flash_attn)
+                                             n_seq=max(1, load.n_parallel), flash_attn=self.flash_attn)
                 except BaseException:
                     model.close()
                     raise

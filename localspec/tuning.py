@@ -36,8 +36,8 @@ def profile_key(engine) -> str:
         "llama_cpp_python": info["llama_cpp_python"],
         "curve": CURVE_VERSION,
     }
-    if load.flash_attn != "auto":  # other pass costs; profiles measured before the flag keep their key
-        parts["flash_attn"] = load.flash_attn
+    if engine.flash_attn != "auto":  # other pass costs; profiles measured before the flag keep their key
+        parts["flash_attn"] = engine.flash_attn
     return json.dumps(parts, sort_keys=True)
 
 

@@ -200,6 +200,18 @@ def test_gpu_layers_on_a_cpu_build_say_so_and_run(tiny, cli):
     assert err.startswith("note: -ngl 99: this llama-cpp-python has no GPU backend, so everything runs on the CPU")
 
 
+def test_flash_attention_auto_is_off_on_a_cpu_and_asked_settings_are_kept():
+    from localspec.backend import system_info
+    from localspec.config import LoadConfig
+    from localspec.engine import Engine
+
+    cpu = not system_info()["gpu_offload"]
+    assert Engine.flash_attn_in_use(LoadConfig()) == ("off" if cpu else "auto")
+    assert Engine.flash_attn_in_use(LoadConfig(n_gpu_layers_target=0)) == "off"  # nothing offloaded: a CPU
+    for asked in ("on", "off"):
+        assert Engine.flash_attn_in_use(LoadConfig(flash_attn=asked, n_gpu_layers_target=0)) == asked
+
+
 def test_flash_attention_off_gives_the_same_greedy_answer_and_its_own_keys(tiny, cli):
     from localspec.promptdisk import pair_key
 

@@ -69,7 +69,7 @@ class ServerSession:
             shared = [x.target for x in lanes] if len(lanes) > 1 else []
             self.engine.prompt_cache = PromptCache(lanes[0].target, editor.cache_mib << 20, lanes=shared)
             if editor.cache_disk_mib > 0:  # an agent's long prompt outlives the process
-                key = pair_key(session.selection.target, session.load.flash_attn)
+                key = pair_key(session.selection.target, self.engine.flash_attn)
                 self.engine.prompt_cache.disk = DiskPrompts(paths.prompt_cache_dir(), key, editor.cache_disk_mib << 20)
         self.fim = EditorWindows(self.engine.target_model, editor.budget) if editor.layout == "editor" else None
         self.engine.remember_generations = True  # n-gram drafts may copy earlier answers
