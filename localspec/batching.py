@@ -208,15 +208,26 @@ class PromptFills:
             self.filling[seq] = (tokens, cache)
         try:
             if best is not None:
-                other = self.filling[best][1]
-                # its cache only grows while it fills: its length says when (a prefix check per poll, in
-                # three waiting threads, took the GIL from the batch thread often enough to cost ~5%)
-                while best in self.filling and len(other.tokens) < best_n and not (should_stop and should_stop()):
-                    time.sleep(self.POLL_S)
+                self._wait(best, self.filling[best][1], tokens, best_n, should_stop)
             yield
         finally:
             with self.lock:
                 self.filling.pop(seq, None)
+
+
+    def _wait(self, seq: int, other, tokens: list[int], n: int, should_stop) -> None:
+        """Until sequence `seq` holds tokens[:n] (or stopped filling). Its cache may still hold an older
+        conversation, longer than n, until its fill begins: the prefix is checked, but only when the
+        length changed (a few times a pass: a check per poll, in three waiting threads, took the GIL
+        from the batch thread often enough to cost ~5%)."""
+        seen = -1
+        while seq in self.filling and not (should_stop and should_stop()):
+            if len(other.tokens) != seen:
+                have = list(other.tokens)
+                seen = len(have)
+                if seen >= n and common_prefix(have, tokens) >= n:
+                    return
+            time.sleep(self.POLL_S)
 
 
 class SeqView:

@@ -69,6 +69,13 @@ class CostProfile:
         slope = (tv[-1] - tv[0]) / (len(tv) - 1) if len(tv) > 1 else tv[0]
         return tv[-1] + (n - len(tv)) * slope
 
+    def catch_up(self, n_tokens: int) -> float:
+        """Seconds for the draft model's cache to evaluate n tokens of text it has not seen: the target's
+        per-token price in its longest measured pass (prompt-like), scaled by draft decode / target decode."""
+        if n_tokens <= 0 or not self.t_draft:
+            return 0.0
+        return n_tokens * self.t_verify[-1] / len(self.t_verify) * self.t_draft / self.t_decode
+
     def round_cost(self, source: str, k: int) -> float:
         draft = 0.0 if k == 0 else k * (self.t_draft or 0.0) if source == "model" else self.t_ngram
         return draft + self.verify(k + 1)

@@ -43,6 +43,7 @@ class DraftModel:
         """ctx_source: the draft's Context, or a callable giving it (the engine loads it on demand)."""
         self._source = ctx_source
         self.cfg, self.rng = cfg, rng
+        self._shared: int | None = None  # the prefix of the text its cache holds (lag), None: not measured
 
     @property
     def ctx(self) -> Context:
@@ -56,12 +57,23 @@ class DraftModel:
         for with the model (every prompt on a CPU, where the model draft cannot pay) costs only the
         target's prompt evaluation."""
 
+    def lag(self, seq: list[int]) -> int:
+        """Tokens of `seq` the draft's cache would evaluate before drafting: all of them while the draft
+        context is not at hand (asking for it would load the model); the prefix it shares is measured
+        once until the next model round (the text only grows in between)."""
+        if callable(self._source):
+            return len(seq)
+        if self._shared is None:
+            self._shared = common_prefix(self._source.tokens, seq)
+        return len(seq) - self._shared
+
     def propose(self, seq: list[int], room: int, policy) -> Draft:
         cfg = self.cfg
-        k = policy.k_for(self.name, min(cfg.draft_max, room))
+        k = policy.k_for(self.name, min(cfg.draft_max, room), catch_up=lambda: self.lag(seq))
         if k == 0:
             return Draft(source=self.name)
         ctx = self.ctx  # the first round that drafts with the model loads it
+        self._shared = None
         # roll back to the confirmed text, then evaluate what was confirmed since last round
         ctx.truncate(min(common_prefix(ctx.tokens, seq), len(seq) - 1))
         logits = ctx.eval(seq[len(ctx.tokens):], logits="last")[0]

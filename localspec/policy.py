@@ -29,7 +29,7 @@ class FixedK:
     def __init__(self, k: int):
         self.k = k
 
-    def k_for(self, source: str, k_max: int, match_len: int = 0, origin: str = "") -> int:
+    def k_for(self, source: str, k_max: int, match_len: int = 0, origin: str = "", catch_up=None) -> int:
         return min(self.k, k_max)
 
     def update(self, draft, accepted: int, seq: list[int]) -> None:
@@ -65,6 +65,10 @@ class AdaptivePolicy:
     PRIOR_WEIGHT = 4.0
     MIN_GAIN = 1.05  # draft only when expected to beat plain by at least this factor (estimates are noisy)
     PROBE_EVERY = 48  # model rounds skipped between probes, when the model could pay at all
+    # A model round whose draft cache must first catch up with the text (a 2,000-token prompt it never
+    # saw: 15-75 s of the 0.5B's prompt evaluation on a 2-core CPU beside three other requests, measured
+    # in a burst) is the whole answer's time: a probe only when catching up costs at most this many decodes
+    PROBE_CATCH_UP_DECODES = 4.0
 
     def __init__(self, costs: CostProfile, k_max: int, load=None):
         """load(): (tokens, sequences) the other requests put in the last shared pass (continuous
@@ -84,7 +88,9 @@ class AdaptivePolicy:
             self.alpha[key] = self.PRIOR[key[0]] + bonus
         return self.alpha[key]
 
-    def k_for(self, source: str, k_max: int, match_len: int = 0, origin: str = "") -> int:
+    def k_for(self, source: str, k_max: int, match_len: int = 0, origin: str = "", catch_up=None) -> int:
+        """catch_up(): tokens of text the draft model's cache lacks (evaluated before it can draft);
+        asked only when it decides (a prefix check over the whole text each round would cost ~2%)."""
         a = self.estimate(_bucket(source, match_len, origin))
         rows, others, newcomer = self.load() if self.load is not None else (0, 0, False)
         if newcomer:  # a newer request's first steps go at single-token speed: no drafts meanwhile
@@ -92,13 +98,24 @@ class AdaptivePolicy:
         k, gain = best_k_shared(a, k_max, self.costs, source, rows, others)
         if k and gain < self.MIN_GAIN:
             k = 0
-        if source == "model":
-            if k == 0 and self.model_ceiling >= 1.1:
-                self.skipped_model += 1
-                if self.skipped_model >= self.PROBE_EVERY:  # acceptance may have risen: look again
-                    k = 1
-            if k:
-                self.skipped_model = 0
+        return self._model_k(k, gain, catch_up) if source == "model" else k
+
+    def _model_k(self, k: int, gain: float, catch_up) -> int:
+        """A model round priced with what its draft cache must first evaluate (a prompt it never saw):
+        paid back within PROBE_EVERY rounds at the expected gain, or, for a probe, a few decodes."""
+        if k == 0:
+            if self.model_ceiling < 1.1:
+                return 0
+            self.skipped_model += 1
+            if self.skipped_model < self.PROBE_EVERY:
+                return 0
+            self.skipped_model = 0  # acceptance may have risen: look again, if looking is cheap
+            k, budget = 1, self.PROBE_CATCH_UP_DECODES * self.costs.t_decode
+        else:
+            budget = (gain - 1.0) * self.costs.t_decode * self.PROBE_EVERY
+        if catch_up is not None and self.costs.catch_up(catch_up()) > budget:
+            return 0
+        self.skipped_model = 0
         return k
 
     def _learn(self, key: tuple[str, int], drafted: int, accepted: int) -> None:

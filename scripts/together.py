@@ -6,12 +6,15 @@ alternating between rounds, both servers quiet before each scenario):
   second     a 400-token answer streams; 2 s later a short chat ("Say hi.") arrives: its first byte and
              total, and the long answer's total against its time alone
   infill     the same, the second request an editor's /infill (llama.vim's body, id_slot 0, 32 tokens)
-  burst      4 requests at once sharing a ~2k-token system prompt (an agent's helpers): each one's first
-             byte and total, aggregate tok/s; and whether each greedy text equals the same request alone
+  burst      4 requests at once sharing a ~2k-token system prompt (an agent's helpers), sent 50 ms apart
+             in one order, as one client sends them (so both servers see them arrive in the same order):
+             each one's first byte and total, aggregate tok/s; and whether each greedy text equals the
+             same request alone
 llama-server is built once from the llama-cpp-python sdist into ~/.cache/localspec (scripts/llamacpp_tools.py).
 
   scripts/together                 # both servers, 2 rounds (~15 min on 2 cores)
   scripts/together --rounds 1 --servers localspec
+  scripts/together --only burst    # one scenario
 """
 
 from __future__ import annotations
@@ -43,6 +46,7 @@ BURST = ["Summarize what this module does in three sentences.",
          "Which function here would you test first, and why? Two sentences.",
          "Suggest one improvement to this module's documentation."]
 LONG_TOKENS, SHORT_TOKENS, INFILL_TOKENS, BURST_TOKENS = 400, 8, 32, 96
+BURST_GAP_S = 0.05  # one client's requests leave in order; at one instant their order at the server is a coin toss
 
 
 def chat_body(content: str, max_tokens: int, system: str | None = None, **extra) -> dict:
@@ -127,8 +131,17 @@ def scenarios(sys_prompt: str) -> dict:
     return {"long": long, "short": short, "infill": infill, "burst": burst}
 
 
-def run_round(s: Entrant, sc: dict, servers: list[Entrant]) -> dict:
+def run_round(s: Entrant, sc: dict, servers: list[Entrant], only: set[str]) -> dict:
     url = f"http://127.0.0.1:{s.port}"
+    out = {}
+    if only & {"alone", "second", "infill"}:
+        out.update(run_second(url, sc, servers))
+    if "burst" in only:
+        out.update(run_burst(url, sc, servers))
+    return out
+
+
+def run_second(url: str, sc: dict, servers: list[Entrant]) -> dict:
     out = {}
     for name in ("long", "short", "infill"):  # twice: the second is the quiet-machine time (prompt cached,
         for _ in range(2):                   # as it is when the same request comes during the long answer)
@@ -138,10 +151,15 @@ def run_round(s: Entrant, sc: dict, servers: list[Entrant]) -> dict:
         wait_quiet(servers, 1.0, 1.0)
         (long_t, second), _ = together(url, [(0.0, *sc["long"]), (2.0, *sc[name])])
         out[f"second_{name}"], out[f"second_{name}_long"] = second, long_t
+    return out
+
+
+def run_burst(url: str, sc: dict, servers: list[Entrant]) -> dict:
+    out = {}
     wait_quiet(servers, 1.0, 1.0)
     stamp = f"[burst {time.time()}] "  # a system prompt neither server has seen: the burst pays for it
-    burst = [(0.0, p, {**b, "messages": [{"role": "system", "content": stamp + b["messages"][0]["content"]},
-                                         b["messages"][1]]}) for p, b in sc["burst"]]
+    burst = [(BURST_GAP_S * i, p, {**b, "messages": [{"role": "system", "content": stamp + b["messages"][0]["content"]},
+                                                    b["messages"][1]]}) for i, (p, b) in enumerate(sc["burst"])]
     out["burst"], out["burst_wall"] = together(url, burst)
     for i, req in enumerate(burst):  # then each alone (its prompt now cached): is the greedy text the same?
         wait_quiet(servers, 1.0, 1.0)
@@ -168,7 +186,11 @@ def report(results: dict[str, list[dict]]) -> None:
             ("/infill during the long answer: total s", "total", "second_infill"),
             ("long answer with an /infill: total s", "total", "second_infill_long")]
     for label, field, key in rows:
+        if any(key not in r for rs in results.values() for r in rs):
+            continue
         print(f"| {label} | " + " | ".join(f(med(field, key, s)) for s in results) + " |")
+    if not all("burst" in r for rs in results.values() for r in rs):
+        return print_errors(results)
     for i in range(len(BURST)):
         print(f"| burst request {i + 1}: first byte / total s | " + " | ".join(
             f"{f(statistics.median([r['burst'][i].first or 0 for r in rs]))} / "
@@ -179,6 +201,13 @@ def report(results: dict[str, list[dict]]) -> None:
     print("| burst: greedy text = alone | " + " | ".join(
         f"{sum(r['burst'][i].text == r[f'alone_burst{i}'].text for r in rs for i in range(len(BURST)))}/"
         f"{len(rs) * len(BURST)}" for rs in results.values()) + " |")
+    for rnd in range(min(len(rs) for rs in results.values())):
+        print(f"| burst first bytes, round {rnd + 1} | " + " | ".join(
+            ", ".join(f(t.first, "{:.1f}") for t in rs[rnd]["burst"]) for rs in results.values()) + " |")
+    print_errors(results)
+
+
+def print_errors(results: dict[str, list[dict]]) -> None:
     errors = [(s, k, t.error) for s, rs in results.items() for r in rs for k, v in r.items()
               for t in (v if isinstance(v, list) else [v]) if isinstance(t, Timed) and t.error]
     for e in errors:
@@ -189,6 +218,7 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--servers", default="localspec,llama")
     p.add_argument("--rounds", type=int, default=2)
+    p.add_argument("--only", default="alone,second,infill,burst", help="the scenarios to run (comma-separated)")
     p.add_argument("--json", metavar="FILE", help="also write the raw figures here")
     args = p.parse_args()
     from localspec import models
@@ -214,7 +244,7 @@ def main() -> int:
             order = servers if rnd % 2 == 0 else servers[::-1]
             for s in order:
                 print(f"round {rnd + 1}: {s.name}", file=sys.stderr, flush=True)
-                results[s.name].append(run_round(s, sc, servers))
+                results[s.name].append(run_round(s, sc, servers, set(args.only.split(","))))
         report(results)
         if args.json:
             raw = {s: [{k: ([vars(t) for t in v] if isinstance(v, list) else vars(v) if isinstance(v, Timed) else v)
