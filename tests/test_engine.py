@@ -159,7 +159,9 @@ def test_kv_rollback_matches_fresh_evaluation(perturbed, tiny):
     spread = float(np.abs(fresh_logits(e, seq, batched=False) - expect).max())
     # a cache left holding one rejected draft token gives clearly different logits
     stale = fresh_logits(e, seq[:-2] + [tokens[0]] + seq[-1:], batched=True)
-    tol = 2 * spread + 1e-3
+    # (3x: without flash attention, the CPU default, a cache filled by verify passes of several sizes
+    # differed from one batched fill by 2.4x the batched-vs-single spread)
+    tol = 3 * spread + 1e-3
     assert np.abs(after - expect).max() <= tol
     assert int(after.argmax()) == int(expect.argmax())
     assert np.abs(stale - expect).max() > 4 * tol, (float(np.abs(stale - expect).max()), spread)
