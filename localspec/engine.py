@@ -311,6 +311,8 @@ class Engine:
                     stats.stop_reason = "eos"
                     break
                 stats.add_token(src)
+                if stats.tokens == 1:
+                    stats.first_token_s = time.perf_counter() - t_gen
                 piece = text.push(m.piece(tok))
                 yield Chunk(piece, tok, src)
                 if text.stopped:
@@ -331,15 +333,19 @@ class Engine:
                 grammar.close()
             if self.remember_generations:  # later requests may repeat this text: let n-gram drafts find it
                 lane.ngram.remember(seq)
-            stats.generation_s = time.perf_counter() - t_gen
-            stats.decode_s = tgt.decode_s + lane.draft_decode_s() - decode_before
-            stats.policy = policy.describe()
-            stats.threads = self.decode_threads
-            if self.governor:
-                stats.thread_changes = [[a, b, why] for t, a, b, why in self.governor.changes if t >= t0]
+            self._close_stats(stats, lane, policy, t0, t_gen, decode_before)
         tail = text.flush()
         if tail:
             yield Chunk(tail)
+
+    def _close_stats(self, stats: Stats, lane: Lane, policy, t0: float, t_gen: float, decode_before: float) -> None:
+        stats.generation_s = time.perf_counter() - t_gen
+        stats.first_token_s = stats.first_token_s or stats.generation_s  # none confirmed: all of it was the first
+        stats.decode_s = lane.target.decode_s + lane.draft_decode_s() - decode_before
+        stats.policy = policy.describe()
+        stats.threads = self.decode_threads
+        if self.governor:
+            stats.thread_changes = [[a, b, why] for t, a, b, why in self.governor.changes if t >= t0]
 
     def _drafting(self, cfg: GenConfig, rng, lane: Lane, depth: int):
         """(drafter, policy) for a run; on a server's lane the policy prices drafts by the shared step."""

@@ -24,6 +24,7 @@ class Stats:
     draft_s: float = 0.0  # time spent proposing drafts (draft model decodes, n-gram lookups)
     verify_s: float = 0.0  # time in the target's verification passes
     generation_s: float = 0.0  # wall time from the first round to the end
+    first_token_s: float = 0.0  # of that, until the first token was confirmed (the pass over the prompt's last token)
     decode_s: float = 0.0  # time inside llama_decode (target + draft), generation and prefill
     stop_reason: str = ""  # "eos" | "length" | "stop" | "cancelled" | "context"
     stop_word: str = ""  # the stop string that ended the answer (stop_reason "stop")
@@ -83,6 +84,12 @@ class Stats:
     @property
     def tokens_per_second(self) -> float:
         return self.tokens / self.generation_s if self.generation_s > 0 else 0.0
+
+    @property
+    def decode_steps(self) -> int:
+        """Tokens the target produced after the first, end of text included: llama-server's n_gen - 1
+        (its first token is free, it comes from the prompt's last batch)."""
+        return max(0, self.tokens + (self.stop_reason == "eos") - 1)
 
     @property
     def prediction_rejected(self) -> int:

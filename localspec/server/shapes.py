@@ -17,17 +17,24 @@ def new_id(prefix: str) -> str:
 
 
 def timings(st) -> dict:
-    prompt_ms, gen_ms = st.prompt_eval_s * 1e3, st.generation_s * 1e3
+    """llama-server's `timings`, by its definitions: the pass over the prompt's last token, which gives
+    the first token, belongs to the prompt (`prompt_n` counts that token, `prompt_ms` that pass);
+    `predicted_ms` runs from the first token to the last, and `predicted_per_second` is the tokens
+    after the first (end of text included, as llama-server counts it) over that time."""
+    first = st.first_token_s if st.tokens else 0.0
+    prompt_s, gen_s = st.prompt_eval_s + first, max(0.0, st.generation_s - first)
+    prompt_n = st.prompt_eval_tokens + (st.target_passes > 0)
+    steps = st.decode_steps
     t = {
-        "cache_n": st.prompt_tokens - st.prompt_eval_tokens,
-        "prompt_n": st.prompt_eval_tokens,
-        "prompt_ms": prompt_ms,
-        "prompt_per_token_ms": prompt_ms / st.prompt_eval_tokens if st.prompt_eval_tokens else 0.0,
-        "prompt_per_second": st.prompt_eval_tokens / st.prompt_eval_s if st.prompt_eval_s > 0 else 0.0,
+        "cache_n": max(0, st.prompt_tokens - prompt_n),
+        "prompt_n": prompt_n,
+        "prompt_ms": prompt_s * 1e3,
+        "prompt_per_token_ms": prompt_s * 1e3 / prompt_n if prompt_n else 0.0,
+        "prompt_per_second": prompt_n / prompt_s if prompt_s > 0 else 0.0,
         "predicted_n": st.tokens,
-        "predicted_ms": gen_ms,
-        "predicted_per_token_ms": gen_ms / st.tokens if st.tokens else 0.0,
-        "predicted_per_second": st.tokens_per_second,
+        "predicted_ms": gen_s * 1e3,
+        "predicted_per_token_ms": gen_s * 1e3 / steps if steps else 0.0,
+        "predicted_per_second": steps / gen_s if gen_s > 0 else 0.0,
     }
     if st.drafted:
         t["draft_n"] = st.drafted
