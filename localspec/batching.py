@@ -62,7 +62,6 @@ class Batcher:
         self.waiting: list[Pass] = []
         self.steps = 0
         self.last_step: dict[int, int] = {}  # seq -> tokens it had in the last step
-        self.running = False  # a step is being decoded (by this thread, or by a lone sequence's own)
         self.closed = False
         self.thread = threading.Thread(target=self._loop, name="localspec-batch", daemon=True)
         self.thread.start()
@@ -98,28 +97,11 @@ class Batcher:
             if self.closed:
                 raise ContextFullError("the batch thread has stopped")
             self.waiting.append(p)
-            solo = self._alone(p)
-            if solo:
-                self.running = True
-            else:
-                self.cv.notify_all()
-                self.cv.wait_for(lambda: p.finished)
-        if solo:  # the only sequence decoding: its own thread runs the step (two thread hand-offs fewer a token)
-            try:
-                self._run([(p, len(p.tokens))])
-            finally:
-                with self.cv:
-                    self.running = False
-                    self.cv.notify_all()
+            self.cv.notify_all()
+            self.cv.wait_for(lambda: p.finished)
         if p.error is not None:
             raise p.error
         return p
-
-    def _alone(self, p: Pass) -> bool:
-        """Whether `p` may run at once in its caller's thread: a decode or verify pass of the only active
-        sequence, nothing else waiting or running, and short enough for one step."""
-        return (not self.running and self.waiting == [p] and set(self.active) <= {p.seq} and not p.is_prompt
-                and len(p.tokens) <= self.ctx.n_batch)
 
     def close(self) -> None:
         with self.cv:
@@ -139,7 +121,7 @@ class Batcher:
     def _loop(self) -> None:
         while True:
             with self.cv:
-                self.cv.wait_for(lambda: self.waiting and not self.running or self.closed)
+                self.cv.wait_for(lambda: self.waiting or self.closed)
                 if self.closed:
                     for p in self.waiting:
                         p.error, p.finished = ContextFullError("the server is shutting down"), True
@@ -149,13 +131,9 @@ class Batcher:
                 while (left := self._wait_left(first)) > 0:
                     self.cv.wait(left)
                 step = self._compose()
-                self.running = True
-            try:
-                self._run(step)
-            finally:
-                with self.cv:
-                    self.running = False
-                    self.cv.notify_all()
+            self._run(step)
+            with self.cv:
+                self.cv.notify_all()
 
     def _compose(self) -> list[tuple[Pass, int]]:
         """The passes (and how many of each one's tokens) that go in the next step."""
