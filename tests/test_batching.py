@@ -309,28 +309,27 @@ def test_batched_greedy_equals_single_runs_but_at_measured_near_ties_on_the_real
         e.close()
 
 
-def test_a_lone_sequence_runs_its_passes_in_its_own_thread_and_gets_the_same_rows(tiny):
-    """Alone, a decode pass skips the batch thread (two hand-offs a token); beside another active
-    sequence it goes through the step as before. The rows are the same either way."""
+def test_every_pass_of_a_shared_context_runs_on_the_batch_thread(tiny):
+    """llama.cpp's OpenMP workers belong to the thread that calls llama_decode, and spin a while after
+    each pass: decoding a lone request in its own thread (two hand-offs a token fewer) left the batch
+    thread's team spinning beside it and cost 20% a token on 2 cores (35 -> 42 ms). So every pass, alone
+    or shared, runs on the batch thread."""
     model = Model(tiny.target)
     ctx = Context(model, 1024, 512, THREADS, THREADS, n_seq=2)
     batcher = Batcher(ctx)
     ran_in: list[str] = []
     ctx.observer = lambda n, dt: ran_in.append(threading.current_thread().name)
     try:
-        prompt = [1, 5, 9, 13, 17, 21]
-        ctx.decode_parts([(0, prompt, "none"), (1, prompt, "none")])
-        ran_in.clear()
         batcher.join(0)
+        batcher.submit(0, [1, 5, 9, 13, 17, 21], "none")
         alone = batcher.submit(0, [30], "last").out
-        assert ran_in == [threading.current_thread().name] and batcher.steps == 1
-        ctx.truncate(len(prompt), 0)
-        batcher.join(1)  # another sequence is active (in Python between its passes): the step gathers
-        other = threading.Thread(target=lambda: batcher.submit(1, [31], "last"))
+        ctx.truncate(6, 0)
+        batcher.join(1)
+        other = threading.Thread(target=lambda: batcher.submit(1, [1, 5, 9, 31], "last"))
         other.start()
         together = batcher.submit(0, [30], "last").out
         other.join()
-        assert "localspec-batch" in ran_in[1:] and batcher.steps >= 2
+        assert set(ran_in) == {"localspec-batch"}
         assert np.allclose(alone, together, atol=1e-2) and int(alone.argmax()) == int(together.argmax())
     finally:
         batcher.close()
