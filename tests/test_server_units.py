@@ -209,3 +209,32 @@ def test_timings_count_as_llama_server_does():
                         first_token_s=0.1, stop_reason="length"))
     assert cut["predicted_per_second"] == pytest.approx(10.0) and cut["cache_n"] == 0
     assert timings(Stats(prompt_tokens=5))["predicted_per_second"] == 0.0  # nothing generated yet
+
+
+def test_idle_measurements_wait_while_other_programs_use_the_cpu(tmp_path):
+    """The server measures pass costs when idle; with another program busy it waits (its figures would be
+    noise, and it would take the cores from that program)."""
+    import os
+
+    from localspec.server.worker import ServerSession
+    from localspec.threads import CpuWatch
+
+    stat = tmp_path / "stat"
+    stat.write_text("cpu  1000 0 1000 50000 0 0 0 0 0 0\n")
+    s = ServerSession.__new__(ServerSession)
+    s.idle_watch = CpuWatch(str(stat))
+    hz = os.sysconf("SC_CLK_TCK")
+
+    def one_second_later(busy_ticks: int) -> bool:
+        t, busy, own = s.idle_watch.last
+        s.idle_watch.last = (t - 1.0, busy, own)  # the window began a second ago
+        fields = [int(x) for x in stat.read_text().split()[1:]]
+        fields[0] += busy_ticks
+        fields[3] += 2 * hz - busy_ticks
+        stat.write_text("cpu  " + " ".join(map(str, fields)) + "\n")
+        return s._others_busy()
+
+    assert one_second_later(int(1.5 * hz))  # another program kept 1.5 cores busy
+    assert not one_second_later(0)  # quiet again
+    s.idle_watch = None
+    assert not s._others_busy()  # unknown: not busy

@@ -33,6 +33,7 @@ from ..promptdisk import DiskPrompts, pair_key
 from ..session import Session
 from ..tuning import profile_path
 from ..stats import Stats
+from ..threads import CpuWatch
 from .infill import LineLimits
 from .jobqueue import JobQueue
 from .lanes import LanePool
@@ -141,6 +142,8 @@ class ServerSession:
         """One worker (one per lane): jobs in order; the first worker also does the idle work."""
         while True:
             try:
+                if idle_worker:
+                    self.idle_watch = CpuWatch()
                 job = self.jobs.get(timeout=self._idle_after() if idle_worker else None)
             except TimeoutError:
                 if not self.jobs.running:  # idle work waits for a quiet machine
@@ -163,6 +166,8 @@ class ServerSession:
                 self.metrics.processing = len(self.jobs.running)
 
     measure_pending = False  # a job ran since the last idle-time measurement
+    idle_watch: CpuWatch | None = None  # the other processes' CPU since this worker began waiting
+    OTHERS_BUSY = 0.3  # of a core: another program is working, so a measurement now would be noise (and steal from it)
 
     def _idle_after(self) -> float | None:
         """How long the queue stays empty before idle work starts: editors send the next request within
@@ -176,7 +181,7 @@ class ServerSession:
         try:
             if self.idle_prompt:
                 self._finish_warmup(lane)
-            else:
+            elif not self._others_busy():  # else measure_pending stays: the next quiet moment measures
                 self.measure_pending = False
                 self._measure_depth(lane)
         finally:
@@ -189,6 +194,13 @@ class ServerSession:
 
     def _quiet(self) -> bool:
         return self.jobs.empty() and not self.jobs.running
+
+    def _others_busy(self) -> bool:
+        """Whether other programs used the CPU since the last look: idle measurements wait for a machine
+        that is idle, not only a server (measured: one ran beside another server's answer and made it
+        decode at 4.2 tok/s instead of 28, its figures then thrown away as noise)."""
+        busy = self.idle_watch.others_busy() if self.idle_watch is not None else None
+        return busy is not None and busy >= self.OTHERS_BUSY
 
     def _finish_warmup(self, lane) -> None:
         """Idle: go on evaluating the warm-up a request interrupted, giving way again to any job."""
@@ -213,7 +225,8 @@ class ServerSession:
         quick = prof is not None and bool(prof.extra.get("quick"))
         if prof is None or not quick and (bucket is None or any(depth_bucket(int(d)) == bucket for d in prof.by_depth)):
             return
-        tv = measure_at_depth(lane.target, CURVE_SIZES[-1], repeats=2, should_stop=lambda: not self._quiet())
+        tv = measure_at_depth(lane.target, CURVE_SIZES[-1], repeats=2,
+                              should_stop=lambda: not self._quiet() or self._others_busy())
         if not tv:
             return
         if quick:
