@@ -16,7 +16,8 @@ def test_tune_measures_stores_and_shows(tiny, capsys, localspec_home):
     assert "no profile stored" in capsys.readouterr().err
     assert main(["tune", *pair, "--json"]) == 0
     measured = json.loads(capsys.readouterr().out)
-    assert len(measured["t_verify_ms"]) == 64 and all  # the curve to 64-token passes(t > 0 for t in measured["t_verify_ms"])
+    assert len(measured["t_verify_ms"]) == 64  # the curve to 64-token passes
+    assert all(t > 0 for t in measured["t_verify_ms"])
     assert measured["verify_relative"][0] == 1.0 and measured["t_draft_ms"] > 0
     assert set(measured["model_draft_break_even"]) == {"alpha=0.6", "alpha=0.8", "alpha=0.9", "alpha=0.95"}
     assert main(["tune", *pair, "--show", "--json"]) == 0
