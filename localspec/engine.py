@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import threading
 import time
-from contextlib import nullcontext
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterator
@@ -190,6 +190,17 @@ class Engine:
         """What a target pass over n tokens should cost on a quiet machine (the measured profile)."""
         p = self.profile
         return p.verify(n_tokens) if p is not None and n_tokens <= len(p.t_verify) else None
+
+    @contextmanager
+    def unobserved(self):
+        """Passes that are no generation's (the server's idle measurements): the thread governor would
+        read them as load (a 64-token pass priced by a quick profile's guess, or one beside another
+        program) and start the next request at one thread."""
+        observer, self.target.observer = self.target.observer, None
+        try:
+            yield
+        finally:
+            self.target.observer = observer
 
     @property
     def decode_threads(self) -> int:

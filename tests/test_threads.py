@@ -130,3 +130,23 @@ def test_cpu_watch_reads_other_processes_busy_time(tmp_path):
     busy = w.others_busy()
     assert busy is not None and 0.8 < busy <= 1.0
     assert CpuWatch(str(tmp_path / "missing")).others_busy() is None
+
+
+def test_idle_measurement_passes_are_not_read_as_load(tiny):
+    """The server's idle measurements run passes no generation asked for (64-token passes a quick profile
+    only guesses at): the governor does not see them; a generation's passes it does."""
+    from localspec.config import LoadConfig
+    from localspec.costmodel import CostProfile
+    from localspec.engine import Engine
+
+    e = Engine(tiny.target, None, LoadConfig(n_ctx=512, n_threads=2, n_threads_batch=2))
+    try:
+        e.profile = CostProfile(t_decode=1e-6, t_verify=[1e-6] * 16)  # every pass looks far too slow
+        with e.unobserved():
+            e.target.eval([1, 2, 3], "last")
+            e.target.eval([4], "last")
+        assert e.governor.score == {} and e.target.observer is not None
+        e.target.eval([5], "last")
+        assert e.governor.score[2] > 1
+    finally:
+        e.close()

@@ -225,8 +225,9 @@ class ServerSession:
         quick = prof is not None and bool(prof.extra.get("quick"))
         if prof is None or not quick and (bucket is None or any(depth_bucket(int(d)) == bucket for d in prof.by_depth)):
             return
-        tv = measure_at_depth(lane.target, CURVE_SIZES[-1], repeats=2,
-                              should_stop=lambda: not self._quiet() or self._others_busy())
+        with self.engine.unobserved():
+            tv = measure_at_depth(lane.target, CURVE_SIZES[-1], repeats=2,
+                                  should_stop=lambda: not self._quiet() or self._others_busy())
         if not tv:
             return
         if quick:
