@@ -44,10 +44,15 @@ class CpuWatch:
         return time.monotonic(), busy * self.tick_s, own.ru_utime + own.ru_stime
 
     def others_busy(self) -> float | None:
+        """Cores other processes kept busy since the last answer; None until a window of 0.2 s has passed
+        (a shorter one is kept open, not restarted: a caller asking every pass still gets answers)."""
         now, before = self._sample(), self.last
-        self.last = now
-        if now is None or before is None or now[0] - before[0] < 0.2:
+        if now is None or before is None:
+            self.last = now
             return None
+        if now[0] - before[0] < 0.2:
+            return None
+        self.last = now
         return max(0.0, ((now[1] - before[1]) - (now[2] - before[2])) / (now[0] - before[0]))
 
 

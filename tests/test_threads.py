@@ -132,6 +132,21 @@ def test_cpu_watch_reads_other_processes_busy_time(tmp_path):
     assert CpuWatch(str(tmp_path / "missing")).others_busy() is None
 
 
+def test_a_cpu_watch_asked_too_soon_keeps_its_window_open(tmp_path):
+    """Asked every pass (each shorter than 0.2 s), the watch still answers once its window is long
+    enough: a window restarted at every question never saw another program's work."""
+    from localspec.threads import CpuWatch
+
+    stat = tmp_path / "stat"
+    stat.write_text("cpu  100 0 100 1000 0 0 0 0 0 0\n")
+    w = CpuWatch(str(stat))
+    stat.write_text(f"cpu  {100 + int(1 / w.tick_s)} 0 100 1000 0 0 0 0 0 0\n")  # another program works
+    assert w.others_busy() is None  # too soon to say
+    w.last = (w.last[0] - 1.0, w.last[1], w.last[2])  # the same window, a second long now
+    busy = w.others_busy()
+    assert busy is not None and 0.8 < busy <= 1.0
+
+
 def test_idle_measurement_passes_are_not_read_as_load(tiny):
     """The server's idle measurements run passes no generation asked for (64-token passes a quick profile
     only guesses at): the governor does not see them; a generation's passes it does."""
