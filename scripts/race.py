@@ -5,6 +5,9 @@ Servers (each on its own loopback port, started here and stopped at the end):
   llama            llama-server, plain
   llama-spec       llama-server --spec-default (its n-gram-mod drafter, drafts of 48-64 tokens)
   llama-draft      llama-server -md DRAFT (the pair's draft model)
+and, to take a difference apart:
+  localspec-plain  `localspec serve --spec off` (the same engine, never drafting)
+  llama-fa-off     llama-server -fa off (the attention kernel localspec uses on a CPU)
 llama-server is built once from the llama-cpp-python sdist this project installs (llama.cpp's own code
 of the version localspec runs on) into ~/.cache/localspec, never into the repository.
 
@@ -141,11 +144,15 @@ def start_servers(names: list[str], work: Path, llama_server: Path | None) -> li
     from serverproc import ServerProcess
 
     pair = models.resolve_pair()
-    flags = {"llama": [], "llama-spec": ["--spec-default"], "llama-draft": ["-md", str(pair.draft_path)]}
+    flags = {"llama": [], "llama-spec": ["--spec-default"], "llama-draft": ["-md", str(pair.draft_path)],
+             "llama-fa-off": ["-fa", "off"]}
     servers = []
     for name in names:
-        if name == "localspec":  # its defaults, on a data root of its own unless LOCALSPEC_HOME names one
-            srv = ServerProcess([], Path(os.environ.get("LOCALSPEC_HOME") or work / "home"), wait=False)
+        if name.startswith("localspec"):  # its defaults, on a data root of its own unless LOCALSPEC_HOME names one
+            if name == "localspec-plain":
+                srv = ServerProcess(["--spec", "off"], work / "home-plain", wait=False)
+            else:
+                srv = ServerProcess([], Path(os.environ.get("LOCALSPEC_HOME") or work / "home"), wait=False)
             srv.wait_ready(timeout=600)
         else:
             llama_server = llama_server or llamacpp_tools.build("llama-server")
@@ -203,7 +210,7 @@ def main() -> int:
     p.add_argument("--json", type=Path, help="write every request's figures and texts here")
     a = p.parse_args()
     names = a.servers.split(",")
-    unknown = set(names) - {"localspec", "llama", "llama-spec", "llama-draft"}
+    unknown = set(names) - {"localspec", "localspec-plain", "llama", "llama-spec", "llama-draft", "llama-fa-off"}
     if unknown:
         p.error(f"unknown server {sorted(unknown)[0]!r}")
     work = Path(tempfile.mkdtemp(prefix="localspec-race-"))
