@@ -177,11 +177,13 @@ class ServerSession:
         return IDLE_MEASURE_S if self.measure_pending else None
 
     def _idle_work(self) -> None:
+        if not self.idle_prompt and self._others_busy():
+            return  # measure_pending stays: the next quiet moment measures (no lane taken, none parked)
         lane = self.lanes.checkout(lane=self.lanes.last)
         try:
             if self.idle_prompt:
                 self._finish_warmup(lane)
-            elif not self._others_busy():  # else measure_pending stays: the next quiet moment measures
+            else:
                 self.measure_pending = False
                 self._measure_depth(lane)
         finally:
