@@ -198,7 +198,9 @@ class PromptFills:
         self.filling: dict[int, tuple[list[int], object]] = {}  # seq -> (prompt, its cache)
 
     @contextmanager
-    def evaluating(self, seq: int, cache, tokens: list[int], should_stop=None):
+    def evaluating(self, seq: int, cache, tokens: list[int], should_stop=None, on_wait=None):
+        """on_wait(): called once before waiting for another lane (the engine parks this lane's old
+        conversation: its cells would sit beside the other's fill, which attends over every cell in use)."""
         with self.lock:
             best, best_n = None, common_prefix(list(cache.tokens), tokens) + self.SHARE_MIN - 1
             for other_seq, (want, other) in self.filling.items():
@@ -208,6 +210,8 @@ class PromptFills:
             self.filling[seq] = (tokens, cache)
         try:
             if best is not None:
+                if on_wait is not None:
+                    on_wait()
                 self._wait(best, self.filling[best][1], tokens, best_n, should_stop)
             yield
         finally:

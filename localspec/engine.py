@@ -383,7 +383,8 @@ class Engine:
         """On a server's lane: wait for another lane already evaluating the same long prefix (then share it)."""
         if self.fills is None or self.prompt_cache is None:
             return nullcontext()
-        return self.fills.evaluating(lane.seq, lane.target, tokens, should_stop)
+        return self.fills.evaluating(lane.seq, lane.target, tokens, should_stop,
+                                     on_wait=lambda: self.prompt_cache.park(lane.target))
 
     def _begin_rounds(self, drafter, seq: list[int], cfg: GenConfig, stats: Stats) -> None:
         """The prompt is in the cache: the governor learns this depth's pass costs, the drafter starts

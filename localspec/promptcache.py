@@ -132,5 +132,14 @@ class PromptCache:
             self.entries.remove(min(self.entries, key=lambda e: e.used))
         return 1
 
+    def park(self, cache) -> None:
+        """Save a sequence a new prompt is about to replace (unless too short to be worth a copy) and free
+        its cells: in one unified KV cache without flash attention every pass attends over every cell in
+        use, the idle ones too."""
+        with self.lock:
+            if len(cache.tokens) >= KEEP_MIN:
+                self.save(cache)
+            cache.reset()
+
     def size(self) -> int:
         return sum(len(e.state) for e in self.entries)

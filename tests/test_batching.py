@@ -169,14 +169,19 @@ def test_a_prompt_held_by_another_lane_is_shared_not_evaluated_again(shared):
 def test_requests_arriving_together_with_one_system_prompt_evaluate_it_once(shared):
     shared.prompt_cache = PromptCache(shared.lanes[0].target, 64 << 20, lanes=[x.target for x in shared.lanes])
     try:
-        for lane in shared.lanes:
+        old = [tokens(shared, f"an earlier conversation number {i} " * 12) for i in range(3)]
+        for lane, conversation in zip(shared.lanes, old):
             lane.target.reset()
+            lane.target.sync(conversation)  # the last burst's conversations, still in their lanes
         system = tokens(shared, "you are a careful coding assistant working on this module " * 8)
         assert len(system) > 300
         prompts = [system + [20 + i, 30 + i] for i in range(3)]
         got = run_together(shared, prompts, GenConfig(temperature=0, max_tokens=4, spec="off"))
         evaluated = sorted(st.prompt_eval_tokens for _, st in got)
         assert evaluated[-1] >= len(system) and sum(evaluated[:-1]) <= 6  # the others evaluated their last tokens
+        # the waiting lanes parked their old conversations (saved, cells freed) instead of keeping them
+        # beside the fill; the filling lane's went the usual way (saved when its prompt replaced it)
+        assert all(any(e.tokens == c for e in shared.prompt_cache.entries) for c in old)
     finally:
         shared.prompt_cache = None
 
@@ -191,8 +196,10 @@ def test_a_waiting_request_waits_for_the_new_prefix_not_the_filling_lanes_old_le
     filler = SimpleNamespace(tokens=[7] * 600)  # the last burst's conversation, longer than the new prefix
     registered, filled, through = threading.Event(), threading.Event(), threading.Event()
 
+    parked: list[int] = []
+
     def fill():
-        with fills.evaluating(0, filler, system + [1, 2]):
+        with fills.evaluating(0, filler, system + [1, 2], on_wait=lambda: parked.append(0)):
             registered.set()
             filled.wait(5)
             filler.tokens = system + [1]  # its fill: truncated to what it shares, then the new prompt
@@ -200,7 +207,7 @@ def test_a_waiting_request_waits_for_the_new_prefix_not_the_filling_lanes_old_le
 
     def wait():
         registered.wait(5)
-        with fills.evaluating(1, SimpleNamespace(tokens=[]), system + [3, 4]):
+        with fills.evaluating(1, SimpleNamespace(tokens=[]), system + [3, 4], on_wait=lambda: parked.append(1)):
             through.set()
 
     threads = [threading.Thread(target=fill), threading.Thread(target=wait)]
@@ -211,6 +218,7 @@ def test_a_waiting_request_waits_for_the_new_prefix_not_the_filling_lanes_old_le
     assert through.wait(5)
     for t in threads:
         t.join(5)
+    assert parked == [1]  # only the waiter parks its lane's old conversation, once, before waiting
 
 
 def test_a_request_gets_the_lane_holding_its_prefix_and_idle_lanes_are_parked(shared):

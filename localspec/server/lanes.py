@@ -47,5 +47,4 @@ class LanePool:
             return
         for lane in self.free:
             if len(lane.target.tokens) >= PARK_MIN:
-                cache.save(lane.target)
-                lane.target.reset()
+                cache.park(lane.target)
