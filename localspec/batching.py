@@ -202,17 +202,17 @@ class PromptFills:
         """on_wait(): called once before waiting for another lane (the engine parks this lane's old
         conversation: its cells would sit beside the other's fill, which attends over every cell in use)."""
         with self.lock:
-            best, best_n = None, common_prefix(list(cache.tokens), tokens) + self.SHARE_MIN - 1
+            best, best_n, best_cache = None, common_prefix(list(cache.tokens), tokens) + self.SHARE_MIN - 1, None
             for other_seq, (want, other) in self.filling.items():
                 n = common_prefix(want, tokens)
                 if n > best_n:
-                    best, best_n = other_seq, n
+                    best, best_n, best_cache = other_seq, n, other
             self.filling[seq] = (tokens, cache)
         try:
-            if best is not None:
+            if best is not None:  # it may finish at any moment from here: its cache was taken under the lock
                 if on_wait is not None:
                     on_wait()
-                self._wait(best, self.filling[best][1], tokens, best_n, should_stop)
+                self._wait(best, best_cache, tokens, best_n, should_stop)
             yield
         finally:
             with self.lock:

@@ -221,6 +221,34 @@ def test_a_waiting_request_waits_for_the_new_prefix_not_the_filling_lanes_old_le
     assert parked == [1]  # only the waiter parks its lane's old conversation, once, before waiting
 
 
+def test_a_fill_that_ends_while_the_waiter_parks_its_lane_lets_it_through():
+    """The filling lane may finish while the waiting one is still parking its old conversation (found
+    from a fresh clone: a KeyError in the waiter's thread)."""
+    from types import SimpleNamespace
+
+    fills = PromptFills()
+    system = list(range(1000, 1400))
+    registered, release, done = threading.Event(), threading.Event(), threading.Event()
+
+    def fill():
+        with fills.evaluating(0, SimpleNamespace(tokens=system), system + [1, 2]):
+            registered.set()
+            release.wait(5)
+        done.set()
+
+    def park_slowly():
+        release.set()
+        assert done.wait(5)  # the fill is over before the waiter looks at it
+
+    filler = threading.Thread(target=fill)
+    filler.start()
+    registered.wait(5)
+    with fills.evaluating(1, SimpleNamespace(tokens=[]), system + [3, 4], on_wait=park_slowly):
+        pass
+    filler.join(5)
+    assert fills.filling == {}
+
+
 def test_a_request_gets_the_lane_holding_its_prefix_and_idle_lanes_are_parked(shared):
     from localspec.server.lanes import LanePool
 
