@@ -351,7 +351,6 @@ class Engine:
 
     def _close_stats(self, stats: Stats, lane: Lane, policy, t0: float, t_gen: float, decode_before: float) -> None:
         stats.generation_s = time.perf_counter() - t_gen
-        stats.first_token_s = stats.first_token_s or stats.generation_s  # none confirmed: all of it was the first
         stats.decode_s = lane.target.decode_s + lane.draft_decode_s() - decode_before
         stats.policy = policy.describe()
         stats.threads = self.decode_threads

@@ -24,7 +24,7 @@ class Stats:
     draft_s: float = 0.0  # time spent proposing drafts (draft model decodes, n-gram lookups)
     verify_s: float = 0.0  # time in the target's verification passes
     generation_s: float = 0.0  # wall time from the first round to the end
-    first_token_s: float = 0.0  # of that, until the first token was confirmed (the pass over the prompt's last token)
+    first_token_s: float = 0.0  # of that, until the first token was confirmed (0: none was)
     decode_s: float = 0.0  # time inside llama_decode (target + draft), generation and prefill
     stop_reason: str = ""  # "eos" | "length" | "stop" | "cancelled" | "context"
     stop_word: str = ""  # the stop string that ended the answer (stop_reason "stop")

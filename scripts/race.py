@@ -139,6 +139,10 @@ def wait_quiet(servers: list[Entrant], quiet_s: float, gap_s: float, limit_s: fl
             return
 
 
+LOCALSPEC_ARGS = {"localspec": [], "localspec-plain": ["--spec", "off"]}
+LLAMA_ENTRANTS = ("llama", "llama-spec", "llama-draft", "llama-fa-off")
+
+
 def start_servers(names: list[str], work: Path, llama_server: Path | None) -> list[Entrant]:
     from localspec import models
     from serverproc import ServerProcess
@@ -148,11 +152,9 @@ def start_servers(names: list[str], work: Path, llama_server: Path | None) -> li
              "llama-fa-off": ["-fa", "off"]}
     servers = []
     for name in names:
-        if name.startswith("localspec"):  # its defaults, on a data root of its own unless LOCALSPEC_HOME names one
-            if name == "localspec-plain":
-                srv = ServerProcess(["--spec", "off"], work / "home-plain", wait=False)
-            else:
-                srv = ServerProcess([], Path(os.environ.get("LOCALSPEC_HOME") or work / "home"), wait=False)
+        if name in LOCALSPEC_ARGS:  # a data root of its own (the defaults' unless LOCALSPEC_HOME names one)
+            home = Path(os.environ.get("LOCALSPEC_HOME") or work / "home") if name == "localspec" else work / name
+            srv = ServerProcess(LOCALSPEC_ARGS[name], home, wait=False)
             srv.wait_ready(timeout=600)
         else:
             llama_server = llama_server or llamacpp_tools.build("llama-server")
@@ -210,7 +212,7 @@ def main() -> int:
     p.add_argument("--json", type=Path, help="write every request's figures and texts here")
     a = p.parse_args()
     names = a.servers.split(",")
-    unknown = set(names) - {"localspec", "localspec-plain", "llama", "llama-spec", "llama-draft", "llama-fa-off"}
+    unknown = set(names) - {*LOCALSPEC_ARGS, *LLAMA_ENTRANTS}
     if unknown:
         p.error(f"unknown server {sorted(unknown)[0]!r}")
     work = Path(tempfile.mkdtemp(prefix="localspec-race-"))

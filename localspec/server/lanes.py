@@ -13,8 +13,7 @@ from __future__ import annotations
 import threading
 
 from ..backend import common_prefix
-
-PARK_MIN = 64  # idle sequences shorter than this cost nothing worth a copy
+from ..promptcache import KEEP_MIN  # idle sequences shorter than this cost nothing worth a copy
 
 
 class LanePool:
@@ -46,5 +45,5 @@ class LanePool:
         if cache is None or len(self.engine.lanes) < 2:
             return
         for lane in self.free:
-            if len(lane.target.tokens) >= PARK_MIN:
+            if len(lane.target.tokens) >= KEEP_MIN:
                 cache.park(lane.target)

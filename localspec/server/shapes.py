@@ -21,8 +21,7 @@ def timings(st) -> dict:
     the first token, belongs to the prompt (`prompt_n` counts that token, `prompt_ms` that pass);
     `predicted_ms` runs from the first token to the last, and `predicted_per_second` is the tokens
     after the first (end of text included, as llama-server counts it) over that time."""
-    first = st.first_token_s if st.tokens else 0.0
-    prompt_s, gen_s = st.prompt_eval_s + first, max(0.0, st.generation_s - first)
+    prompt_s, gen_s = st.prompt_eval_s + st.first_token_s, max(0.0, st.generation_s - st.first_token_s)
     prompt_n = st.prompt_eval_tokens + (st.target_passes > 0)
     steps = st.decode_steps
     t = {
