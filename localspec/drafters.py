@@ -34,6 +34,7 @@ class Draft:
     match_len: int = 0  # n-gram drafts: length of the suffix that matched
     shadow: list[int] | None = None  # an n-gram proposal the policy chose not to verify (it scores it later)
     origin: str = ""  # n-gram drafts: where the text came from ("prediction" | "text" | "memory")
+    resync: bool = False  # n-gram drafts: the copy resumed after the target's own token (an edit)
 
 
 class DraftModel:
@@ -116,6 +117,9 @@ class NgramDrafter:
     name = "ngram"
 
     MATCH_CAP = 64  # how far back a match is measured (its length says how trustworthy it is)
+    # a copy resumes after an edit only when it had held this long (a copied file, not a chance match
+    # in a chat answer); once after each edit until the resumed copy holds
+    RESYNC_AFTER = 8
 
     def __init__(self, n_min: int = 2, n_max: int = 4, k_max: int = 64, memory: "NgramMemory | None" = None):
         self.n_min, self.n_max, self.k_max = n_min, n_max, k_max
@@ -128,6 +132,8 @@ class NgramDrafter:
         self.memory = memory if memory is not None else NgramMemory()
         self.follow: Follow | None = None  # the copy the last proposal came from
         self.prediction = Prediction([], 0, 0)  # the request's predicted output (empty: none)
+        self.edits = {"replace": 0, "insert": 0}  # the copy's edits so far that resumed it, by kind
+        self.renames: dict[int, int] = {}  # source token -> the token the answer put in its place (it repeats)
 
     def begin(self, seq: list[int], prediction: list[int] | None = None) -> None:
         """A new generation over `seq` (the engine's list, which grows), with its predicted output if any."""
@@ -135,6 +141,8 @@ class NgramDrafter:
         self.prediction = Prediction(list(prediction or []), self.n_min, self.n_max)
         # a prediction is the answer's expected text: its first token is the first guess
         self.follow = Follow(self.prediction.tokens, 0, len(seq), self.n_max, "prediction") if prediction else None
+        self.edits = {"replace": 0, "insert": 0}  # the copy's edits so far that resumed it, by kind
+        self.renames: dict[int, int] = {}  # source token -> the token the answer put in its place (it repeats)
 
     def _attach(self, seq: list[int]) -> None:
         self.follow = None  # a copy followed in another sequence says nothing about this one
@@ -162,13 +170,10 @@ class NgramDrafter:
         if self.seq is not seq:
             self._attach(seq)
         self._update(seq)  # the suffix itself is never in the index, so a match is earlier text
-        f = self.follow
-        if f is not None:
-            new = seq[f.at:]
-            if f.origin == "prediction":  # the answer went through the prediction this far, at least
-                self.prediction.last = f.pos + common_prefix(f.source[f.pos:f.pos + len(new)], new)
-            if f.source[f.pos:f.pos + len(new)] == new and f.pos + len(new) < len(f.source):
-                return Follow(f.source, f.pos + len(new), len(seq), min(self.MATCH_CAP, f.match + len(new)), f.origin)
+        if self.follow is not None:
+            resumed = self._resume(self.follow, seq)
+            if resumed is not None:
+                return resumed
         found = self.prediction.find(seq, self.MATCH_CAP)
         if found is not None:
             return found
@@ -183,6 +188,49 @@ class NgramDrafter:
                 return Follow(text, pos, len(seq), _extend_match(text, pos, seq, n, self.MATCH_CAP), "memory")
         return None
 
+    def _resume(self, f: "Follow", seq: list[int]) -> "Follow | None":
+        """The copy being followed, where the confirmed text goes on through it. When the target's own
+        token broke it (a rename, an edited number, a word put in), the copy resumes right after that
+        token: past the source's token it replaced, or at that token when the target's was put in before
+        it; the kind that held more often in this answer is tried first, the other when the first fails.
+        Without this the suffix after an edit is new text (" upper)") that matches nowhere, or in the
+        wrong place, for a few tokens at every edit."""
+        new = seq[f.at:]
+        ahead = self._renamed(f.source, f.pos, len(new))
+        held = common_prefix(ahead, new)
+        if held < min(len(new), len(ahead)) and ahead[held] != f.source[f.pos + held]:  # a rename not made here
+            self.renames.pop(f.source[f.pos + held], None)
+        if f.resync and not held:  # the other kind of edit?
+            kind = "insert" if f.resync == "replace" else "replace"
+            alt = f.pos - 1 if kind == "insert" else f.pos + 1
+            if alt >= 0 and self._renamed(f.source, alt, len(new)) == new:
+                f, held = Follow(f.source, alt, f.at, f.match, f.origin, kind, f.copied), len(new)
+        if f.resync and held:
+            self.edits[f.resync] += 1
+            if f.resync == "replace" and seq[f.at - 1] != f.source[f.pos - 1]:  # the same rename ahead is drafted
+                self.renames[f.source[f.pos - 1]] = seq[f.at - 1]
+        if f.origin == "prediction":  # the answer went through the prediction this far, at least
+            self.prediction.last = f.pos + held
+        if f.pos + len(new) >= len(f.source):
+            return None
+        if held == len(new):
+            return Follow(f.source, f.pos + len(new), len(seq), min(self.MATCH_CAP, f.match + len(new)), f.origin,
+                          copied=f.copied)
+        copied = max(f.copied, f.match + held)
+        if held == len(new) - 1 and (held or not f.resync) and copied >= self.RESYNC_AFTER:
+            # the evidence starts again from the edit (edits come in clusters: a long draft right after
+            # one often runs into the next)
+            kind = max(("replace", "insert"), key=self.edits.get)
+            return Follow(f.source, f.pos + len(new) - (kind == "insert"), len(seq), 0, f.origin, resync=kind,
+                          copied=copied)
+        return None
+
+    def _renamed(self, source: list[int], pos: int, n: int) -> list[int]:
+        """source[pos:pos + n] with this answer's renames made (a parameter renamed everywhere is drafted
+        renamed after its first edit)."""
+        part = source[pos:pos + n]
+        return [self.renames.get(t, t) for t in part] if self.renames else part
+
     def remember(self, seq: list[int]) -> None:
         """Keep a finished generation's whole text (prompt and answer) for later lookups."""
         self.memory.remember(seq, self.n_min, self.n_max)
@@ -191,10 +239,10 @@ class NgramDrafter:
         f = self.follow = self.find(seq)
         if f is None:
             return Draft(source=self.name)
-        found = f.source[f.pos:f.pos + min(self.k_max, room)]
-        k = policy.k_for(self.name, len(found), f.match, f.origin) if found else 0
+        found = self._renamed(f.source, f.pos, min(self.k_max, room))
+        k = policy.k_for(self.name, len(found), f.match, f.origin, resync=bool(f.resync)) if found else 0
         return Draft(tokens=found[:k], probs=[None] * k, source=self.name, match_len=f.match,
-                     shadow=found if found and not k else None, origin=f.origin)
+                     shadow=found if found and not k else None, origin=f.origin, resync=bool(f.resync))
 
 
 class NgramMemory:
@@ -240,6 +288,8 @@ class Follow:
     at: int
     match: int
     origin: str  # "prediction" | "text" | "memory"
+    resync: str = ""  # resumed after an edit, not confirmed since: "replace" | "insert" (its guessed kind)
+    copied: int = 0  # the longest agreement this copy had before its latest edit
 
 
 class Prediction:
@@ -315,6 +365,6 @@ class DraftFloor:
         d = self.inner.propose(seq, room, policy)
         if 0 < len(d.tokens) < self.n_min:
             shadow = d.tokens if d.source == "ngram" else d.shadow
-            return Draft(source=d.source, match_len=d.match_len, shadow=shadow)
+            return Draft(source=d.source, match_len=d.match_len, shadow=shadow, origin=d.origin, resync=d.resync)
         return d
 

@@ -29,7 +29,8 @@ class FixedK:
     def __init__(self, k: int):
         self.k = k
 
-    def k_for(self, source: str, k_max: int, match_len: int = 0, origin: str = "", catch_up=None) -> int:
+    def k_for(self, source: str, k_max: int, match_len: int = 0, origin: str = "", catch_up=None,
+              resync: bool = False) -> int:
         return min(self.k, k_max)
 
     def update(self, draft, accepted: int, seq: list[int]) -> None:
@@ -42,11 +43,14 @@ class FixedK:
 NGRAM_BUCKETS = (2, 3, 4, 8, 16, 32, 64)  # match lengths whose acceptance is tracked separately
 
 
-def _bucket(source: str, match_len: int, origin: str = "") -> tuple[str, int]:
+def _bucket(source: str, match_len: int, origin: str = "", resync: bool = False) -> tuple[str, int]:
     """The acceptance estimate a proposal is judged by: the model's one, or an n-gram's by the length of
-    its match, drafts from a request's predicted output apart (a prediction is right or wrong as a whole)."""
+    its match, drafts from a request's predicted output apart (a prediction is right or wrong as a whole),
+    and a copy resuming after an edit apart (whether this answer's edits are one-token ones)."""
     if source != "ngram":
         return (source, 0)
+    if resync:
+        return ("resync", 0)
     name = "prediction" if origin == "prediction" else source
     return (name, max([b for b in NGRAM_BUCKETS if b <= match_len] or [NGRAM_BUCKETS[0]]))
 
@@ -55,7 +59,7 @@ class AdaptivePolicy:
     # before any evidence (n-gram: the longer the match, the higher). A prediction starts where a
     # one-token draft just pays on a CPU (T_verify(2) = 1.56 decodes): a wrong one costs little, a
     # right one earns long drafts within a few rounds (its unverified proposals are scored too)
-    PRIOR = {"model": 0.7, "ngram": 0.5, "prediction": 0.75}
+    PRIOR = {"model": 0.7, "ngram": 0.5, "prediction": 0.75, "resync": 0.75}
     # Acceptance is a count of outcomes, hits and misses, older ones fading (DECAY per new outcome:
     # about the last 100 tokens count), started from PRIOR_WEIGHT pseudo-outcomes at the prior. A
     # running average that moved 10% toward each outcome read a copy that held for 40 tokens as
@@ -63,6 +67,7 @@ class AdaptivePolicy:
     # in 25 tokens: 0.96), which is what the expected length of a long draft depends on.
     DECAY = 0.99
     PRIOR_WEIGHT = 4.0
+    BORROW_AFTER = 12.0  # outcomes (the prior's included) a shorter match's bucket needs to lend its estimate
     MIN_GAIN = 1.05  # draft only when expected to beat plain by at least this factor (estimates are noisy)
     PROBE_EVERY = 48  # model rounds skipped between probes, when the model could pay at all
     # A model round whose draft cache must first catch up with the text (a 2,000-token prompt it never
@@ -84,14 +89,22 @@ class AdaptivePolicy:
 
     def estimate(self, key: tuple[str, int]) -> float:
         if key not in self.alpha:
-            bonus = 0.03 * NGRAM_BUCKETS.index(key[1]) if key[0] != "model" else 0.0
-            self.alpha[key] = self.PRIOR[key[0]] + bonus
+            prior = self.PRIOR[key[0]]
+            if key[0] in ("ngram", "prediction"):
+                # a longer match is at least as good a bet as a shorter one of the same text: a bucket
+                # not tried yet starts from the best that shorter ones have shown (a copy's match grows
+                # through 4, 8, 16, ... and would otherwise go back to the prior at each step)
+                shorter = [self.alpha[(key[0], b)] for b in NGRAM_BUCKETS
+                           if b < key[1] and sum(self.counts.get((key[0], b), ())) >= self.BORROW_AFTER]
+                prior = max([prior + 0.03 * NGRAM_BUCKETS.index(key[1]), *shorter])
+            self.alpha[key] = prior
         return self.alpha[key]
 
-    def k_for(self, source: str, k_max: int, match_len: int = 0, origin: str = "", catch_up=None) -> int:
+    def k_for(self, source: str, k_max: int, match_len: int = 0, origin: str = "", catch_up=None,
+              resync: bool = False) -> int:
         """catch_up(): tokens of text the draft model's cache lacks (evaluated before it can draft);
         asked only when it decides (a prefix check over the whole text each round would cost ~2%)."""
-        a = self.estimate(_bucket(source, match_len, origin))
+        a = self.estimate(_bucket(source, match_len, origin, resync))
         rows, others, newcomer = self.load() if self.load is not None else (0, 0, False)
         if newcomer:  # a newer request's first steps go at single-token speed: no drafts meanwhile
             return 0
@@ -131,7 +144,7 @@ class AdaptivePolicy:
     def update(self, draft, accepted: int, seq: list[int]) -> None:
         self.rounds["plain" if not draft.tokens else draft.source] += 1
         if draft.tokens:
-            self._learn(_bucket(draft.source, draft.match_len, draft.origin), len(draft.tokens), accepted)
+            self._learn(_bucket(draft.source, draft.match_len, draft.origin, draft.resync), len(draft.tokens), accepted)
         self._score_shadow(seq)
         if self.shadow and draft.shadow:  # still undecided: keep what matched so far
             key, start, tokens = self.shadow
@@ -139,7 +152,8 @@ class AdaptivePolicy:
             if m:
                 self._learn(key, m, m)
         if draft.shadow:  # the proposal continued the text as it stood before this round's tokens
-            self.shadow = (_bucket("ngram", draft.match_len, draft.origin), len(seq) - accepted - 1, draft.shadow)
+            self.shadow = (_bucket("ngram", draft.match_len, draft.origin, draft.resync), len(seq) - accepted - 1,
+                           draft.shadow)
 
     def _score_shadow(self, seq: list[int]) -> None:
         if not self.shadow:

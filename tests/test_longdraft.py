@@ -70,6 +70,78 @@ def test_the_drafter_follows_a_copy_through_repeated_lines():
     assert again.tokens[:2] == [23, 24] and again.match_len > first.match_len
 
 
+def copying(src: list[int]) -> tuple[NgramDrafter, list[int]]:
+    """A drafter over a prompt holding `src`, the answer having copied its first 12 tokens."""
+    d = NgramDrafter(2, 4)
+    seq = [1, *src, 2, *src[:12]]
+    d.begin(seq)
+    assert d.propose(seq, 64, FixedK(64)).tokens[:3] == src[12:15]
+    return d, seq
+
+
+def test_a_copy_resumes_right_after_a_renamed_token():
+    """The answer copies the source but the target replaces one token (a rename): the copy goes on
+    after it at once, instead of waiting for text after the new name to match somewhere."""
+    src = list(range(100, 140))
+    d, seq = copying(src)
+    seq += [*src[12:15], 7]  # three accepted, then the target's own token where the source has src[15]
+    resumed = d.propose(seq, 64, FixedK(64))
+    assert resumed.tokens[:3] == src[16:19] and resumed.resync and resumed.match_len == 0
+    seq += src[16:20]  # it held: the copy goes on, its evidence counted from the edit
+    on = d.propose(seq, 64, FixedK(64))
+    assert on.tokens[:2] == src[20:22] and not on.resync and on.match_len == 4
+
+
+def test_a_copy_resumes_after_an_inserted_token_and_learns_which_kind_of_edit_this_answer_makes():
+    src = list(range(100, 160))
+    d, seq = copying(src)
+    seq += [7]  # a token put in before src[12]: first guessed a replacement (src[13:] proposed)...
+    assert d.propose(seq, 64, FixedK(64)).tokens[0] == src[13]
+    seq += [src[12]]  # ...the target went on with src[12]: an insertion, and the copy follows it
+    assert d.propose(seq, 64, FixedK(64)).tokens[:2] == src[13:15]
+    seq += [*src[13:20], 8]  # the next edit of this answer is taken for an insertion first
+    assert d.propose(seq, 64, FixedK(64)).tokens[:2] == src[20:22]
+
+
+def test_a_rename_seen_once_is_drafted_renamed_and_dropped_where_the_answer_does_not_make_it():
+    OLD, NEW = 7, 77
+    src = [*range(100, 120), OLD, *range(120, 130), OLD, *range(130, 140), OLD, *range(140, 150)]
+    d, seq = copying(src)
+    seq += [*src[12:20], NEW]  # the first rename (the target's token in a round)...
+    assert d.propose(seq, 64, FixedK(64)).resync
+    seq += src[21:23]  # ...then the copy held after it
+    ahead = d.propose(seq, 64, FixedK(64)).tokens
+    assert ahead[:10] == src[23:31] + [NEW] + src[32:33]  # the next OLD is drafted as NEW
+    seq += src[23:31] + [OLD]  # the answer keeps OLD here: the rename is no longer drafted
+    d.propose(seq, 64, FixedK(64))
+    seq += src[32:34]
+    assert d.propose(seq, 64, FixedK(64)).tokens[:12] == src[34:42] + [OLD] + src[43:46]
+
+
+def test_a_short_chance_match_does_not_resume_after_a_mismatch():
+    text = [5, 6, 7, 8, 9, 10]
+    d = NgramDrafter(2, 4)
+    seq = [*text, 1, 5, 6]  # a two-token coincidence, not a copy
+    d.begin(seq)
+    assert d.propose(seq, 64, FixedK(64)).tokens[:2] == [7, 8]
+    seq += [7, 42]
+    assert not d.propose(seq, 64, FixedK(64)).resync
+
+
+def test_a_longer_match_starts_from_what_shorter_matches_showed():
+    """A copy's match grows through the buckets 8, 16, 32...; a bucket not tried yet starts from the best
+    estimate of a shorter match with enough outcomes behind it, not from the pessimistic prior."""
+    pol = AdaptivePolicy(CPU, 64)
+    for _ in range(10):
+        pol.update(Draft(tokens=[0] * 16, probs=[None] * 16, source="ngram", match_len=8), 16, [])
+    assert pol.alpha[("ngram", 8)] > 0.95
+    assert pol.estimate(("ngram", 32)) == pol.alpha[("ngram", 8)]
+    assert pol.k_for("ngram", 64, 32) >= 15
+    fresh = AdaptivePolicy(CPU, 64)
+    fresh.update(Draft(tokens=[0] * 2, probs=[None] * 2, source="ngram", match_len=8), 2, [])  # too few outcomes
+    assert fresh.estimate(("ngram", 32)) < 0.8
+
+
 def test_a_prediction_is_drafted_from_the_first_token_and_realigned_after_an_insertion():
     prediction = list(range(100, 140))
     d = NgramDrafter(2, 4)
