@@ -269,6 +269,31 @@ def test_a_request_gets_the_lane_holding_its_prefix_and_idle_lanes_are_parked(sh
         shared.prompt_cache = None
 
 
+def test_a_quick_profile_gets_its_whole_curve_in_the_first_idle_moment_even_after_a_short_request(shared):
+    """After a "hi" (too shallow to measure over), the idle measurement fills the lane to QUICK_FILL
+    tokens, prices passes to 64 there, and leaves the lane holding the conversation it held."""
+    from localspec.costmodel import CURVE_SIZES
+    from localspec.server import worker
+
+    srv = worker.ServerSession.__new__(worker.ServerSession)
+    srv.engine, srv.idle_watch = shared, None
+    srv.jobs = worker.JobQueue(lambda job: None)
+    before = shared.profile
+    shared.profile = CostProfile(t_decode=1.0, t_verify=[1.0 + i for i in range(16)], extra={"quick": True})
+    lane = shared.lanes[0]
+    try:
+        hi = tokens(shared, "say hi")
+        lane.target.sync(hi)
+        srv._measure_depth(lane)
+        prof = shared.profile
+        assert not prof.extra["quick"] and len(prof.t_verify) == CURVE_SIZES[-1] and prof.depth == worker.QUICK_FILL
+        assert lane.target.tokens == hi
+        assert lane.target.eval([5], "last") is not None  # the cells past the conversation are free again
+    finally:
+        shared.profile = before
+        lane.target.sync([])
+
+
 def test_the_wait_queue_is_bounded(monkeypatch):
     from localspec.server import worker
     from localspec.server.jobqueue import JobQueue

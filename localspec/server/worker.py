@@ -44,6 +44,7 @@ Emit = Callable[[tuple], None]
 MAX_WAITING = 64  # queued requests beyond this are refused (503) instead of held in memory without bound
 IDLE_WARMUP_S = 0.5  # quiet time before an interrupted warm-up goes on
 IDLE_MEASURE_S = 2.0  # quiet time before pass costs are measured at a new depth
+QUICK_FILL = 512  # the depth a quick profile's whole curve is measured at when the last request ran shallower
 CUT_SHORT = "the server is shutting down; the answer was cut short"
 
 
@@ -219,23 +220,33 @@ class ServerSession:
         """While idle, price passes at the depth the last request ran at, once per depth bucket, so
         auto's choices hold for long prompts (FIM with extra context runs thousands of tokens deep);
         a quick start-up profile (passes to 16 tokens) is replaced by the whole curve, to 64, measured
-        at the depth requests run at. Uses the cache as the request left it; gives up as soon as
-        another request arrives."""
+        at the depth requests run at, or over filler to QUICK_FILL tokens deep after a short request
+        (a "hi" before the first long one must not leave that one priced by the quick profile). Uses
+        the cache as the request left it, as it was afterwards; gives up as soon as another request arrives."""
         prof = self.engine.profile
-        depth = len(lane.target.tokens)
-        bucket = depth_bucket(depth)
+        held = len(lane.target.tokens)
         quick = prof is not None and bool(prof.extra.get("quick"))
-        if prof is None or not quick and (bucket is None or any(depth_bucket(int(d)) == bucket for d in prof.by_depth)):
+        if prof is None or not quick and (depth_bucket(held) is None or
+                                          any(depth_bucket(int(d)) == depth_bucket(held) for d in prof.by_depth)):
             return
-        with self.engine.unobserved():
-            tv = measure_at_depth(lane.target, CURVE_SIZES[-1], repeats=2,
-                                  should_stop=lambda: not self._quiet() or self._others_busy())
-        if not tv:
-            return
+        stop = lambda: not self._quiet() or self._others_busy()  # noqa: E731
+        try:
+            with self.engine.unobserved():
+                if quick and held < QUICK_FILL:
+                    toks = lane.target.tokens or [0]  # any token: only the depth matters
+                    lane.target.sync(toks + (toks * (QUICK_FILL // len(toks) + 1))[:QUICK_FILL - len(toks)], stop, 64)
+                tv = measure_at_depth(lane.target, CURVE_SIZES[-1], repeats=2, should_stop=stop)
+            depth = len(lane.target.tokens)
+        finally:
+            lane.target.truncate(held)
+        if tv:
+            self._keep_curve(prof, tv, depth, quick)
+
+    def _keep_curve(self, prof, tv: list[float], depth: int, quick: bool) -> None:
         if quick:
             prof.t_decode, prof.t_verify, prof.depth = tv[0], tv, depth
             prof.extra.update(quick=False, sizes=list(CURVE_SIZES))
-        if bucket is not None:
+        if depth_bucket(depth) is not None:
             prof.by_depth[str(depth)] = tv
         if prof.key:
             try:
