@@ -202,22 +202,35 @@ class PromptFills:
         """on_wait(): called once before waiting for another lane (the engine parks this lane's old
         conversation: its cells would sit beside the other's fill, which attends over every cell in use)."""
         with self.lock:
-            best, best_n, best_cache = None, common_prefix(list(cache.tokens), tokens) + self.SHARE_MIN - 1, None
+            best, best_cache, best_want = None, None, []
+            best_n = common_prefix(list(cache.tokens), tokens) + self.SHARE_MIN - 1
             for other_seq, (want, other) in self.filling.items():
                 n = common_prefix(want, tokens)
                 if n > best_n:
-                    best, best_n, best_cache = other_seq, n, other
+                    best, best_n, best_cache, best_want = other_seq, n, other, want
             self.filling[seq] = (tokens, cache)
         try:
             if best is not None:  # it may finish at any moment from here: its cache was taken under the lock
                 if on_wait is not None:
                     on_wait()
                 self._wait(best, best_cache, tokens, best_n, should_stop)
+                self._first_token(best_cache, len(best_want), should_stop)
             yield
         finally:
             with self.lock:
                 self.filling.pop(seq, None)
 
+
+    FIRST_TOKEN_WAIT_S = 2.0  # at most this long for the filler's first token (a cancelled one never comes)
+
+    def _first_token(self, other, filled: int, should_stop) -> None:
+        """Until the lane that filled the shared prompt has taken its first token's pass (its cache holds
+        more than it filled). That pass is one token; the waiters' own prompt tails (~16 tokens each)
+        would otherwise share its step, and the request that evaluated the shared prompt first would
+        show its first text ~0.6 s later than it could (all four of a burst then start together)."""
+        end = time.monotonic() + self.FIRST_TOKEN_WAIT_S
+        while len(other.tokens) <= filled and time.monotonic() < end and not (should_stop and should_stop()):
+            time.sleep(self.POLL_S)
 
     def _wait(self, seq: int, other, tokens: list[int], n: int, should_stop) -> None:
         """Until sequence `seq` holds tokens[:n] (or stopped filling). Its cache may still hold an older
