@@ -132,8 +132,7 @@ class NgramDrafter:
         self.memory = memory if memory is not None else NgramMemory()
         self.follow: Follow | None = None  # the copy the last proposal came from
         self.prediction = Prediction([], 0, 0)  # the request's predicted output (empty: none)
-        self.edits = {"replace": 0, "insert": 0}  # the copy's edits so far that resumed it, by kind
-        self.renames: dict[int, int] = {}  # source token -> the token the answer put in its place (it repeats)
+        self._forget_edits()
 
     def begin(self, seq: list[int], prediction: list[int] | None = None) -> None:
         """A new generation over `seq` (the engine's list, which grows), with its predicted output if any."""
@@ -141,6 +140,10 @@ class NgramDrafter:
         self.prediction = Prediction(list(prediction or []), self.n_min, self.n_max)
         # a prediction is the answer's expected text: its first token is the first guess
         self.follow = Follow(self.prediction.tokens, 0, len(seq), self.n_max, "prediction") if prediction else None
+        self._forget_edits()
+
+    def _forget_edits(self) -> None:
+        """A new answer: what the last one's edits were says nothing about this one's."""
         self.edits = {"replace": 0, "insert": 0}  # the copy's edits so far that resumed it, by kind
         self.renames: dict[int, int] = {}  # source token -> the token the answer put in its place (it repeats)
 
@@ -198,7 +201,7 @@ class NgramDrafter:
         new = seq[f.at:]
         ahead = self._renamed(f.source, f.pos, len(new))
         held = common_prefix(ahead, new)
-        if held < min(len(new), len(ahead)) and ahead[held] != f.source[f.pos + held]:  # a rename not made here
+        if held < len(ahead) and ahead[held] != f.source[f.pos + held]:  # a rename the answer did not make here
             self.renames.pop(f.source[f.pos + held], None)
         if f.resync and not held:  # the other kind of edit?
             kind = "insert" if f.resync == "replace" else "replace"

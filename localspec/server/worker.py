@@ -226,15 +226,15 @@ class ServerSession:
         prof = self.engine.profile
         held = len(lane.target.tokens)
         quick = prof is not None and bool(prof.extra.get("quick"))
-        if prof is None or not quick and (depth_bucket(held) is None or
-                                          any(depth_bucket(int(d)) == depth_bucket(held) for d in prof.by_depth)):
+        bucket = depth_bucket(held)
+        if prof is None or not quick and (bucket is None or any(depth_bucket(int(d)) == bucket for d in prof.by_depth)):
             return
         stop = lambda: not self._quiet() or self._others_busy()  # noqa: E731
         try:
             with self.engine.unobserved():
                 if quick and held < QUICK_FILL:
                     toks = lane.target.tokens or [0]  # any token: only the depth matters
-                    lane.target.sync(toks + (toks * (QUICK_FILL // len(toks) + 1))[:QUICK_FILL - len(toks)], stop, 64)
+                    lane.target.sync((toks * (QUICK_FILL // len(toks) + 1))[:QUICK_FILL], stop, 64)  # starts with toks
                 tv = measure_at_depth(lane.target, CURVE_SIZES[-1], repeats=2, should_stop=stop)
             depth = len(lane.target.tokens)
         finally:
