@@ -145,7 +145,8 @@ class NgramDrafter:
     def _forget_edits(self) -> None:
         """A new answer: what the last one's edits were says nothing about this one's."""
         self.edits = {"replace": 0, "insert": 0}  # the copy's edits so far that resumed it, by kind
-        self.renames: dict[int, int] = {}  # source token -> the token the answer put in its place (it repeats)
+        self.rewrites = Rewrites()
+        self.broken: tuple[list[int], int, int] | None = None  # (source, position, answer index) of a lost copy
 
     def _attach(self, seq: list[int]) -> None:
         self.follow = None  # a copy followed in another sequence says nothing about this one
@@ -179,12 +180,12 @@ class NgramDrafter:
                 return resumed
         found = self.prediction.find(seq, self.MATCH_CAP)
         if found is not None:
-            return found
+            return self._refound(found, seq)
         for n in range(min(self.n_max, len(seq) - 1), self.n_min - 1, -1):
             key = tuple(seq[-n:])
             pos = self.index.get(key)
             if pos is not None:
-                return Follow(seq, pos, len(seq), _extend_match(seq, pos, seq, n, self.MATCH_CAP), "text")
+                return self._refound(Follow(seq, pos, len(seq), _extend_match(seq, pos, seq, n, self.MATCH_CAP), "text"), seq)
             past = self.memory.find(key)
             if past is not None:
                 text, pos = past
@@ -199,40 +200,84 @@ class NgramDrafter:
         Without this the suffix after an edit is new text (" upper)") that matches nowhere, or in the
         wrong place, for a few tokens at every edit."""
         new = seq[f.at:]
-        ahead = self._renamed(f.source, f.pos, len(new))
-        held = common_prefix(ahead, new)
-        if held < len(ahead) and ahead[held] != f.source[f.pos + held]:  # a rename the answer did not make here
-            self.renames.pop(f.source[f.pos + held], None)
+        if f.skip and self.rewrites.at(f.source, f.pos) is None:  # the rewrite it was in was dropped
+            return None
+        ahead = self._ahead(f, len(new))
+        held = common_prefix(ahead.tokens, new)
+        if held < len(ahead.tokens) and ahead.edited[held]:  # a repeated edit the answer did not make here
+            self.rewrites.drop(ahead.places[held][3])
+            ahead = self._ahead(f, len(new))
+            held = common_prefix(ahead.tokens, new)
         if f.resync and not held:  # the other kind of edit?
             kind = "insert" if f.resync == "replace" else "replace"
-            alt = f.pos - 1 if kind == "insert" else f.pos + 1
-            if alt >= 0 and self._renamed(f.source, alt, len(new)) == new:
-                f, held = Follow(f.source, alt, f.at, f.match, f.origin, kind, f.copied), len(new)
+            alt = Follow(f.source, f.pos - 1 if kind == "insert" else f.pos + 1, f.at, f.match, f.origin, kind, f.copied)
+            if alt.pos >= 0 and self._ahead(alt, len(new)).tokens == new:
+                f, ahead, held = alt, self._ahead(alt, len(new)), len(new)
         if f.resync and held:
             self.edits[f.resync] += 1
-            if f.resync == "replace" and seq[f.at - 1] != f.source[f.pos - 1]:  # the same rename ahead is drafted
-                self.renames[f.source[f.pos - 1]] = seq[f.at - 1]
+            self._learn(f, seq)
+        pos, skip = ahead.after(held, f)
         if f.origin == "prediction":  # the answer went through the prediction this far, at least
-            self.prediction.last = f.pos + held
-        if f.pos + len(new) >= len(f.source):
+            self.prediction.last = pos
+        if pos >= len(f.source):
             return None
         if held == len(new):
-            return Follow(f.source, f.pos + len(new), len(seq), min(self.MATCH_CAP, f.match + len(new)), f.origin,
-                          copied=f.copied)
+            return Follow(f.source, pos, len(seq), min(self.MATCH_CAP, f.match + len(new)), f.origin,
+                          copied=f.copied, skip=skip)
         copied = max(f.copied, f.match + held)
-        if held == len(new) - 1 and (held or not f.resync) and copied >= self.RESYNC_AFTER:
+        if held == len(new) - 1 and (held or not f.resync) and copied >= self.RESYNC_AFTER and not skip:
             # the evidence starts again from the edit (edits come in clusters: a long draft right after
             # one often runs into the next)
             kind = max(("replace", "insert"), key=self.edits.get)
-            return Follow(f.source, f.pos + len(new) - (kind == "insert"), len(seq), 0, f.origin, resync=kind,
-                          copied=copied)
+            return Follow(f.source, pos + (kind == "replace"), len(seq), 0, f.origin, resync=kind, copied=copied,
+                          broke=(pos, f.at + held))
+        if copied >= self.RESYNC_AFTER and not skip:  # lost: where the copy is found again says what the edit was
+            self.broken = (f.source, *(f.broke or (pos, f.at + held)))
         return None
 
-    def _renamed(self, source: list[int], pos: int, n: int) -> list[int]:
-        """source[pos:pos + n] with this answer's renames made (a parameter renamed everywhere is drafted
-        renamed after its first edit)."""
-        part = source[pos:pos + n]
-        return [self.renames.get(t, t) for t in part] if self.renames else part
+    def _refound(self, found: "Follow", seq: list[int]) -> "Follow":
+        """The copy lost at an edit of several tokens is found again a little further on: the source's
+        tokens in between and the answer's are a rewrite, drafted wherever those source tokens come again
+        (a name renamed into other tokens, `_extension_registry` -> `_EXTENSION_REGISTRY`)."""
+        if self.broken is None:
+            return found
+        source, p, at = self.broken
+        q, end = found.pos - found.match, len(seq) - found.match  # where the agreement found again begins
+        if found.source is source and p <= q <= p + Rewrites.MAX_LEN and at <= end <= at + Rewrites.MAX_LEN:
+            key, made = tuple(source[p:q]), tuple(seq[at:end])
+            if not key and p and seq[at - 1] == source[p - 1]:  # tokens put in before source[p]
+                key, made = (source[p - 1],), (source[p - 1], *made)
+            self.rewrites.add(key, made)
+            self.broken = None
+        elif len(seq) - at > 2 * Rewrites.MAX_LEN:
+            self.broken = None
+        return found
+
+    def _learn(self, f: "Follow", seq: list[int]) -> None:
+        """A copy resumed after an edit held: the same edit is drafted wherever the source token comes again."""
+        if f.pos < 1 or f.at < 2:
+            return
+        old, new = f.source[f.pos - 1], seq[f.at - 1]
+        if f.resync == "replace":
+            self.rewrites.add((old,), (new,))
+        elif seq[f.at - 2] == old:
+            self.rewrites.add((old,), (old, new))
+
+    def _ahead(self, f: "Follow", n: int) -> "Ahead":
+        """Up to n tokens of the copy from where `f` stands, with this answer's repeated edits made."""
+        source, pos = f.source, f.pos
+        out = Ahead([], [], [])
+        while len(out.tokens) < n + f.skip and pos < len(source):
+            key = self.rewrites.at(source, pos) if self.rewrites else None
+            made = self.rewrites.rules[key] if key else (source[pos],)
+            key = key or (source[pos],)
+            for j, r in enumerate(made):
+                out.tokens.append(r)
+                out.places.append((pos, j, len(made), key))
+                out.edited.append(j >= len(key) or r != key[j])
+            pos += len(key)
+        k = slice(f.skip, f.skip + n)
+        return Ahead(out.tokens[k], out.places[k], out.edited[k])
 
     def remember(self, seq: list[int]) -> None:
         """Keep a finished generation's whole text (prompt and answer) for later lookups."""
@@ -242,7 +287,7 @@ class NgramDrafter:
         f = self.follow = self.find(seq)
         if f is None:
             return Draft(source=self.name)
-        found = self._renamed(f.source, f.pos, min(self.k_max, room))
+        found = self._ahead(f, min(self.k_max, room)).tokens
         k = policy.k_for(self.name, len(found), f.match, f.origin, resync=bool(f.resync)) if found else 0
         return Draft(tokens=found[:k], probs=[None] * k, source=self.name, match_len=f.match,
                      shadow=found if found and not k else None, origin=f.origin, resync=bool(f.resync))
@@ -293,6 +338,61 @@ class Follow:
     origin: str  # "prediction" | "text" | "memory"
     resync: str = ""  # resumed after an edit, not confirmed since: "replace" | "insert" (its guessed kind)
     copied: int = 0  # the longest agreement this copy had before its latest edit
+    skip: int = 0  # the source tokens at pos are rewritten: this many of the rewrite's tokens are confirmed
+    broke: tuple[int, int] | None = None  # resuming after an edit: (source position, answer index) of the edit
+
+
+@dataclass
+class Ahead:
+    """The copy's next tokens with the answer's repeated edits made: for each, the place it stands for
+    (source position, its index in the rewrite made there, the rewrite's length, the source tokens
+    rewritten) and whether an edit made it (not the source's own token)."""
+    tokens: list[int]
+    places: list[tuple[int, int, int, tuple[int, ...]]]
+    edited: list[bool]
+
+    def after(self, held: int, f: Follow) -> tuple[int, int]:
+        """Where the copy stands after `held` of these tokens: (source position, tokens of its rewrite confirmed)."""
+        if not held:
+            return f.pos, f.skip
+        pos, j, size, key = self.places[held - 1]
+        return (pos, j + 1) if j + 1 < size else (pos + len(key), 0)
+
+
+class Rewrites:
+    """Edits that repeat through a copied file, learned from the answer's own: source tokens -> what
+    the answer wrote for them ((NEW,) for a renamed token, (OLD, NEW) for a token put in after OLD,
+    longer for a name renamed into other tokens). Made in the copy's drafts from then on, dropped the
+    first time the answer does not make one."""
+
+    MAX_LEN = 8  # tokens on either side: a renamed identifier, not a rewritten paragraph
+
+    def __init__(self):
+        self.rules: dict[tuple[int, ...], tuple[int, ...]] = {}
+        self.starting: dict[int, list[tuple[int, ...]]] = {}  # first source token -> keys, longest first
+
+    def __bool__(self) -> bool:
+        return bool(self.rules)
+
+    def add(self, key: tuple[int, ...], made: tuple[int, ...]) -> None:
+        if not key or key == made or len(key) > self.MAX_LEN or len(made) > self.MAX_LEN:
+            return
+        if key not in self.rules:
+            keys = self.starting.setdefault(key[0], [])
+            keys.append(key)
+            keys.sort(key=len, reverse=True)
+        self.rules[key] = made
+
+    def drop(self, key: tuple[int, ...]) -> None:
+        if self.rules.pop(key, None) is not None:
+            self.starting[key[0]].remove(key)
+
+    def at(self, source: list[int], pos: int) -> tuple[int, ...] | None:
+        """The longest learned key that source[pos:] starts with."""
+        for key in self.starting.get(source[pos], ()) if pos < len(source) else ():
+            if tuple(source[pos:pos + len(key)]) == key:
+                return key
+        return None
 
 
 class Prediction:

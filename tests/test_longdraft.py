@@ -206,3 +206,41 @@ def test_a_curve_that_dips_is_kept_and_only_noise_is_measured_again():
 def test_beyond_the_curve_a_pass_is_never_cheaper_per_token_than_measured():
     quick = CostProfile(t_decode=1.0, t_verify=densify([1, 2, 4, 8, 16], [1.0, 1.9, 3.4, 8.4, 11.0]))
     assert quick.verify(64) >= 11.0 + 48 * (11.0 - 1.0) / 15 - 1e-9
+
+
+def test_a_token_put_in_after_a_name_is_drafted_there_from_then_on():
+    """rgb_to_yiq -> rgb_to_yiq_color: the answer puts a token in after the source's; the copy resumes
+    at once, and the next time the source has that token the draft carries the inserted one too."""
+    NAME, SUFFIX = 7, 77
+    src = [*range(100, 120), NAME, *range(120, 130), NAME, *range(130, 150)]
+    d, seq = copying(src)
+    seq += [*src[12:21], SUFFIX]  # the name copied, then the suffix put in after it
+    d.propose(seq, 64, FixedK(64))
+    seq += [src[21]]  # the copy goes on with the source's next token: an insertion
+    seq += src[22:24]
+    ahead = d.propose(seq, 64, FixedK(64)).tokens
+    assert ahead[:9] == src[24:31] + [NAME, SUFFIX] and ahead[9:11] == src[32:34]
+    seq += src[24:31] + [NAME, SUFFIX, *src[32:34]]  # it held through the rewritten place
+    assert d.propose(seq, 64, FixedK(64)).tokens[:3] == src[34:37]
+
+
+def test_a_name_renamed_into_other_tokens_is_learned_where_the_copy_is_found_again():
+    """_extension_registry -> _EXTENSION_REGISTRY: two source tokens become four of the answer's. The copy
+    is lost at the edit and found again after it; the span between is drafted rewritten at the next
+    occurrence, and the rewrite is dropped the first time the answer does not make it."""
+    OLD, NEW = [7, 8], [70, 71, 72, 73]
+    src = [*range(100, 120), *OLD, *range(120, 135), *OLD, *range(135, 150), *OLD, *range(150, 170)]
+    d, seq = copying(src)
+    seq += [*src[12:20], NEW[0]]  # the edit begins: the copy breaks
+    d.propose(seq, 64, FixedK(64))
+    seq += NEW[1:] + src[22:25]  # ...the rest of the new name, then the source again
+    found = d.propose(seq, 64, FixedK(64)).tokens
+    assert found[:12] == src[25:37]
+    assert found[12:16] == NEW and found[16:18] == src[39:41]  # the next occurrence is drafted rewritten
+    seq += src[25:37] + NEW + src[39:52]
+    assert d.propose(seq, 64, FixedK(64)).tokens[:6] == src[52:54] + NEW
+    seq += src[52:54] + OLD  # here the answer keeps the old name: the rewrite is dropped...
+    d.propose(seq, 64, FixedK(64))
+    assert not d.rewrites
+    seq += src[56:58]
+    assert d.propose(seq, 64, FixedK(64)).tokens[:3] == src[58:61]  # ...and the copy goes on
