@@ -19,6 +19,7 @@ import threading
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from typing import Callable
 
 import numpy as np
 
@@ -38,6 +39,7 @@ class Pass:
     tokens: list[int]
     logits: str
     priority: bool
+    stop: Callable[[], bool] | None = None  # background work's (a warm-up's, a measurement's): whether to give way
     since: float = field(default_factory=time.perf_counter)
     done: int = 0  # tokens evaluated so far (a prompt goes in slices)
     out: np.ndarray | None = None
@@ -91,8 +93,8 @@ class Batcher:
         editor = any(pri for s, pri in active.items() if s != seq)
         return sum(rows), len(rows), newer or editor
 
-    def submit(self, seq: int, tokens: list[int], logits: str) -> Pass:
-        p = Pass(seq, list(tokens), logits, self.active.get(seq, False))
+    def submit(self, seq: int, tokens: list[int], logits: str, stop: Callable[[], bool] | None = None) -> Pass:
+        p = Pass(seq, list(tokens), logits, self.active.get(seq, False), stop)
         with self.cv:
             if self.closed:
                 raise ContextFullError("the batch thread has stopped")
@@ -158,14 +160,19 @@ class Batcher:
     def _run(self, step: list[tuple[Pass, int]]) -> None:
         parts = [(p.seq, p.tokens[p.done:p.done + n], p.logits if p.done + n == len(p.tokens) else "none")
                  for p, n in step]
+        # a step of background passes alone is given up inside llama_decode the moment their work is
+        # told to give way or a request's pass waits (a 64-token slice costs 0.4-1 s here: an editor's
+        # completion waited that long)
+        abort = (lambda: self._request_waiting() or any(p.stop() for p, _ in step)) \
+            if all(p.stop is not None for p, _ in step) else None
         t0 = time.perf_counter()
         try:
             try:
-                outs = self.ctx.decode_parts(parts)
+                outs = self.ctx.decode_parts(parts, abort)
             except ContextFullError:
                 if not (self.make_room and self.make_room()):
                     raise
-                outs = self.ctx.decode_parts(parts)
+                outs = self.ctx.decode_parts(parts, abort)
         except BaseException as e:  # each pass's thread gets the error; this thread goes on
             with self.cv:
                 for p, _ in step:
@@ -182,6 +189,11 @@ class Batcher:
                 if p.done == len(p.tokens):
                     p.out, p.finished = out, True
                     self.waiting.remove(p)
+
+
+    def _request_waiting(self) -> bool:
+        """Asked by llama.cpp between a background pass's graph nodes (no lock: a list read is atomic)."""
+        return any(p.stop is None for p in self.waiting)
 
 
 class PromptFills:
@@ -263,15 +275,16 @@ class SeqView:
     def tokens(self) -> list[int]:
         return self.ctx.seq_tokens[self.seq]
 
-    def eval(self, tokens: list[int], logits: str = "last") -> np.ndarray | None:
+    def eval(self, tokens: list[int], logits: str = "last", stop=None) -> np.ndarray | None:
+        """stop: background work's question whether to give way, asked while the pass runs too (PassInterrupted)."""
         if not tokens:
             return None
         if self.batcher is None:
             t0 = time.perf_counter()
-            out = self.ctx.eval(tokens, logits, seq=self.seq)
+            out = self.ctx.eval(tokens, logits, seq=self.seq, stop=stop)
             self.decode_s += time.perf_counter() - t0
             return out
-        p = self.batcher.submit(self.seq, tokens, logits)
+        p = self.batcher.submit(self.seq, tokens, logits, stop)
         self.decode_s += p.decode_s
         return p.out
 

@@ -20,6 +20,8 @@ import time
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
+from .errors import PassInterrupted
+
 
 def expected_tokens(alpha: float | list[float], k: int) -> float:
     """Expected confirmed tokens per target pass with k drafted tokens."""
@@ -260,11 +262,14 @@ def noisy_sizes(samples: dict) -> list:
 SINGLES = 4  # single-token passes timed in a row (plain decoding; a drafting round of k = 4)
 
 
-def _timed_pass(ctx, tokens: list[int], logits: str = "all") -> float:
+def _timed_pass(ctx, tokens: list[int], logits: str = "all", stop=None) -> float:
     """Seconds for one pass over `tokens` (all logits read back, as verification does), rolled back."""
     base = len(ctx.tokens)
     t0 = time.perf_counter()
-    ctx.eval(tokens, logits=logits)
+    if stop is not None:  # asked while the pass runs too: a request arriving ends it (PassInterrupted)
+        ctx.eval(tokens, logits=logits, stop=stop)
+    else:
+        ctx.eval(tokens, logits=logits)
     dt = time.perf_counter() - t0
     ctx.truncate(base)
     return dt
@@ -338,7 +343,11 @@ def measure_at_depth(ctx, n_max: int, repeats: int = 3, should_stop=lambda: Fals
         for n in sizes:
             if should_stop():
                 return None
-            dt = _steady_single_s(ctx, toks[:SINGLES]) if n == 1 else _timed_pass(ctx, toks[:n])
+            try:  # passes longer than a draft's give way inside llama_decode to a request (a decode's: 30 ms)
+                dt = _steady_single_s(ctx, toks[:SINGLES]) if n == 1 else \
+                    _timed_pass(ctx, toks[:n], stop=should_stop if n > 8 else None)
+            except PassInterrupted:
+                return None
             if r:
                 samples.setdefault(n, []).append(dt)
     tv = densify(sizes, [statistics.median(samples[n]) for n in sizes])

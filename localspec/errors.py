@@ -23,3 +23,8 @@ class ContextFullError(LocalspecError):
 
 class ConfigError(LocalspecError):
     exit_code = 2
+
+
+class PassInterrupted(LocalspecError):
+    """A background pass (a warm-up, an idle measurement) stopped inside llama_decode because a request
+    came: caught by the background work it ends, never shown to a user."""

@@ -8,11 +8,12 @@ import time
 import numpy as np
 import pytest
 
-from localspec.backend import Context, Model
+from localspec.backend import Context, Model, sync_cache
 from localspec.batching import PROMPT_SLICE, Batcher, Pass, PromptFills
 from localspec.config import GenConfig, LoadConfig
 from localspec.costmodel import CostProfile, best_k, best_k_shared
 from localspec.engine import Engine, Message
+from localspec.errors import PassInterrupted
 from localspec.promptcache import PromptCache
 from localspec.verify import first_parting, logit_noise, plain_greedy_with_margins
 
@@ -463,3 +464,66 @@ def test_a_repeated_prompt_is_restored_even_when_it_saves_only_a_few_tokens(shar
         assert st.cache_restored and st.prompt_eval_tokens == 0
     finally:
         shared.prompt_cache = None
+
+
+def test_a_background_pass_is_given_up_inside_llama_decode_and_rolled_back(tiny):
+    """A warm-up's or a measurement's pass stops between the graph's nodes when asked (llama.cpp's abort
+    callback), its cells removed: the sequence holds what it held, and goes on exactly as before."""
+    model = Model(tiny.target)
+    ctx = Context(model, 1024, 512, THREADS, THREADS, n_seq=2)
+    try:
+        ctx.decode_parts([(0, [1, 5, 9, 13], "none")])
+        with pytest.raises(PassInterrupted):
+            ctx.decode_parts([(0, list(range(20, 84)), "none")], abort=lambda: True)
+        assert ctx.seq_tokens[0] == [1, 5, 9, 13]
+        after = ctx.decode_parts([(0, [17], "last")])[0]
+        ctx.truncate(4, 0)
+        again = ctx.decode_parts([(0, [17], "last")], abort=lambda: False)[0]  # not asked to stop: runs whole
+        assert np.array_equal(after, again)
+    finally:
+        ctx.close()
+        model.close()
+
+
+def test_a_step_of_background_passes_gives_way_to_a_request_waiting_beside_it(tiny):
+    """The batch thread runs a background slice alone; a request's pass arriving meanwhile ends it (the
+    background fill stops with what it had), and only such a step is ever given up."""
+    model = Model(tiny.target)
+    ctx = Context(model, 1024, 512, THREADS, THREADS, n_seq=2)
+    b = Batcher(ctx)
+    try:
+        never = lambda: False  # noqa: E731  (the warm-up's own work is never told to stop here)
+        warm, request = Pass(0, list(range(20, 84)), "none", False, stop=never), Pass(1, [3, 4], "last", False)
+        b.waiting += [warm, request]
+        b._run([(warm, len(warm.tokens))])
+        assert isinstance(warm.error, PassInterrupted) and ctx.seq_tokens[0] == []
+        b.waiting = [request]
+        b._run([(request, 2)])
+        assert request.finished and request.error is None and ctx.seq_tokens[1] == [3, 4]
+        mixed = [Pass(0, list(range(20, 84)), "none", False, stop=never), Pass(1, [5], "last", False)]
+        b.waiting = list(mixed)
+        b._run([(p, len(p.tokens)) for p in mixed])  # a request's pass in the step: nothing is given up
+        assert all(p.finished and p.error is None for p in mixed)
+    finally:
+        b.close()
+        ctx.close()
+        model.close()
+
+
+def test_a_background_fill_interrupted_mid_pass_keeps_the_slices_before_it():
+    class Cache:  # its third slice is interrupted by a request
+        tokens: list[int] = []
+
+        def truncate(self, n):
+            del self.tokens[n:]
+
+        def eval(self, toks, logits="last", stop=None):
+            assert stop is not None
+            if len(self.tokens) == 128:
+                raise PassInterrupted("a request came")
+            self.tokens += toks
+
+    cache = Cache()
+    assert sync_cache(cache, list(range(1000)), should_stop=lambda: False, step=64) == 128
+    assert cache.tokens == list(range(128))
+

@@ -6,10 +6,11 @@ import ctypes
 import os
 import threading
 import time
+from typing import Callable
 
 import numpy as np
 
-from ..errors import ContextFullError, ModelLoadError
+from ..errors import ContextFullError, ModelLoadError, PassInterrupted
 from .model import Model
 
 
@@ -58,6 +59,11 @@ class Context:
         self.threads = cp.n_threads  # for single tokens and short passes (decode, verification)
         self.threads_batch = cp.n_threads_batch  # for long passes (prompt evaluation)
         self._batch_now = cp.n_threads_batch  # what llama.cpp uses for passes over more than one token now
+        # llama.cpp asks this between the graph's nodes whether to give the pass up (set only around
+        # background passes: a Python call per node, ~1 ms a pass, nothing while unset)
+        self._abort: Callable[[], bool] | None = None
+        self._abort_next = 0.0  # the question is put to `_abort` at most every ABORT_POLL_S
+        self._abort_cb = L.ggml_abort_callback(self._should_abort)
 
     VERIFY_SHAPES = (1, 2, 4, 8, 16)
     pad_verify = False  # pad "all"-logits passes to VERIFY_SHAPES (LoadConfig.verify_buckets)
@@ -66,8 +72,11 @@ class Context:
     def tokens(self) -> list[int]:
         return self.seq_tokens[0]
 
-    def eval(self, tokens: list[int], logits: str = "last", seq: int = 0) -> np.ndarray | None:
+    def eval(self, tokens: list[int], logits: str = "last", seq: int = 0,
+             stop: Callable[[], bool] | None = None) -> np.ndarray | None:
         """Append `tokens` to sequence `seq`. logits: "none" | "last" | "all" (rows for `tokens`).
+        `stop`: background work's question whether to give way; asked while the pass runs, it ends
+        the pass inside llama_decode (PassInterrupted, the pass rolled back).
         Returns a (rows, n_vocab) float32 array (a copy) or None. With `pad_verify`, an "all" pass is
         padded with copies of its last token up to the next shape (the padding stays in the cache,
         past the confirmed text, until the caller truncates it, as it does every draft)."""
@@ -78,20 +87,22 @@ class Context:
             if len(self.seq_tokens[seq]) + size <= self.n_ctx and size > len(tokens):
                 out = self._eval([*tokens, *[tokens[-1]] * (size - len(tokens))], logits, seq)
                 return out[:len(tokens)]
-        return self._eval(tokens, logits, seq)
+        return self._eval(tokens, logits, seq, stop)
 
-    def _eval(self, tokens: list[int], logits: str, seq: int) -> np.ndarray | None:
+    def _eval(self, tokens: list[int], logits: str, seq: int, stop=None) -> np.ndarray | None:
         out = None
         for start in range(0, len(tokens), self.n_batch):
             last_chunk = start + self.n_batch >= len(tokens)
             mode = logits if last_chunk else "none"
-            out = self.decode_parts([(seq, tokens[start:start + self.n_batch], mode)])[0]
+            out = self.decode_parts([(seq, tokens[start:start + self.n_batch], mode)], stop)[0]
         return out
 
-    def decode_parts(self, parts: list[tuple[int, list[int], str]]) -> list[np.ndarray | None]:
+    def decode_parts(self, parts: list[tuple[int, list[int], str]],
+                     abort: Callable[[], bool] | None = None) -> list[np.ndarray | None]:
         """ONE llama_decode over several sequences' tokens, each part (seq, tokens, logits mode)
         appended at the end of its sequence; at most n_batch tokens in all. Returns each part's
-        logits rows (None for "none"). On failure every part is rolled back and the error raised."""
+        logits rows (None for "none"). On failure every part is rolled back and the error raised:
+        PassInterrupted when `abort()`, asked while the pass runs, said to give it up."""
         L, b = self.L, self.batch
         with self.lock:
             for seq, toks, _ in parts:
@@ -110,10 +121,12 @@ class Context:
             b.n_tokens = i
             self._threads_for(i)
             t0 = time.perf_counter()
-            rc = L.llama_decode(self.ptr, b)
+            rc = self._decode(b, abort)
             if rc != 0:
                 for (seq, _, _), n0 in zip(parts, starts):
                     self.truncate(n0, seq)
+                if rc == 2 and abort is not None:
+                    raise PassInterrupted("a background pass gave way to a request")
                 if rc == 1:
                     raise ContextFullError("llama.cpp found no KV-cache slot; start a new conversation or raise "
                                            "--ctx-size")
@@ -136,6 +149,29 @@ class Context:
         if self.observer is not None:
             self.observer(i, dt)
         return outs
+
+    def _decode(self, batch, abort: Callable[[], bool] | None) -> int:
+        if abort is None:
+            return self.L.llama_decode(self.ptr, batch)
+        self._abort, self._abort_next = abort, 0.0
+        self.L.llama_set_abort_callback(self.ptr, self._abort_cb, None)
+        try:
+            return self.L.llama_decode(self.ptr, batch)
+        finally:
+            self.L.llama_set_abort_callback(self.ptr, self.L.ggml_abort_callback(), None)
+            self._abort = None
+
+    ABORT_POLL_S = 0.005  # a request waits about this long at most for a background pass to end
+
+    def _should_abort(self, _data) -> bool:
+        now = time.perf_counter()
+        if now < self._abort_next:
+            return False
+        self._abort_next = now + self.ABORT_POLL_S
+        try:
+            return bool(self._abort is not None and self._abort())
+        except Exception:  # an exception cannot cross into llama.cpp: go on with the pass
+            return False
 
     LONG_PASS = 32  # passes over more tokens than this count as prompt evaluation
 
@@ -236,7 +272,10 @@ def sync_cache(cache, tokens: list[int], should_stop=None, step: int = 128) -> i
         for start in range(n, len(tokens), step):
             if should_stop():
                 break
-            cache.eval(tokens[start:start + step], logits="none")
+            try:
+                cache.eval(tokens[start:start + step], logits="none", stop=should_stop)
+            except PassInterrupted:  # a request came while the pass ran: it was given up, rolled back
+                break
     return len(cache.tokens) - n
 
 
