@@ -188,6 +188,17 @@ def summarize(results: list[dict], names: list[str]) -> list[dict]:
     return rows
 
 
+def print_spread(results: list[dict]) -> None:
+    """Per request, localspec's decode speed over llama-server plain's: the spread says how much of a
+    workload's ratio is this machine's noise."""
+    for w in dict.fromkeys(r["workload"] for r in results):
+        ratios = sorted(r["localspec"]["decode_tps"] / r["llama"]["decode_tps"] for r in results
+                        if r["workload"] == w and "localspec" in r and r.get("llama", {}).get("decode_tps"))
+        if len(ratios) > 1:
+            print(f"{w}: localspec / llama decode per request: median {ratios[len(ratios) // 2]:.2f}x, "
+                  f"{ratios[0]:.2f}x-{ratios[-1]:.2f}x over {len(ratios)}")
+
+
 def print_table(rows: list[dict]) -> None:
     def f(x, fmt="{:.2f}x"):
         return fmt.format(x) if isinstance(x, (int, float)) else "—"
@@ -209,8 +220,14 @@ def main() -> int:
     p.add_argument("--quick", action="store_true", help="one request per workload")
     p.add_argument("--gap", type=float, default=2.0, help="seconds of quiet before each request (default 2)")
     p.add_argument("--llama-server", type=Path, help="a llama-server binary (default: built from the sdist, cached)")
+    p.add_argument("--repeat", type=int, default=1, metavar="N",
+                   help="send every request N times (each time to every server, the order alternating): a short "
+                        "chat answer's ratio is as noisy as this machine (servers doing identical work differ by "
+                        "5-9%% here), a sum over repeats less so")
     p.add_argument("--json", type=Path, help="write every request's figures and texts here")
     a = p.parse_args()
+    if a.repeat < 1:
+        p.error("--repeat takes a count of 1 or more")
     names = a.servers.split(",")
     unknown = set(names) - {*LOCALSPEC_ARGS, *LLAMA_ENTRANTS}
     if unknown:
@@ -224,7 +241,8 @@ def main() -> int:
             s.ask({"messages": [{"role": "user", "content": "Say hi."}], "max_tokens": 8, "temperature": 0})
         wait_quiet(servers, quiet_s=3.0, gap_s=a.gap, limit_s=300)
         results = []
-        for i, (w, body) in enumerate(workloads(a.workloads.split(","), a.quick)):
+        sent = [x for x in workloads(a.workloads.split(","), a.quick) for _ in range(a.repeat)]
+        for i, (w, body) in enumerate(sent):
             order = servers[i % len(servers):] + servers[:i % len(servers)]
             if i % 2:
                 order.reverse()
@@ -242,8 +260,9 @@ def main() -> int:
             s.stop()
     rows = summarize(results, names)
     print_table(rows)
+    print_spread(results)
     if a.json:
-        a.json.write_text(json.dumps({"results": results, "rows": rows}, indent=1))
+        a.json.write_text(json.dumps({"results": results, "rows": rows, "repeat": a.repeat}, indent=1))
     return 0
 
 
