@@ -24,12 +24,15 @@ from typing import Callable
 import numpy as np
 
 from .backend import Context, common_prefix, sync_cache
-from .errors import ContextFullError
+from .errors import ContextFullError, PassInterrupted
 
 GATHER_S = 0.004  # a step waits this long for sequences still busy in Python (accepting, drafting)
 PRIORITY_WAIT_S = 0.05  # while an editor's completion runs, the others' passes wait this long for its next one
 NEWCOMER_S = 2.0  # a request this new gets the steps to itself: the others decode plainly (no long drafts) meanwhile
 PROMPT_SLICE = 64  # prompt tokens per step while others decode: 0.4-1 s of their time here, 3% dearer than 512
+# a step of at least this many tokens (a long verify, a prompt slice: 0.3-1 s here) is given up inside
+# llama_decode when an editor's completion arrives, and goes again after it
+YIELD_MIN = 16
 
 
 @dataclass
@@ -64,6 +67,7 @@ class Batcher:
         self.waiting: list[Pass] = []
         self.steps = 0
         self.last_step: dict[int, int] = {}  # seq -> tokens it had in the last step
+        self.step_end = 0.0  # when the last step ended
         self.closed = False
         self.thread = threading.Thread(target=self._loop, name="localspec-batch", daemon=True)
         self.thread.start()
@@ -115,8 +119,9 @@ class Batcher:
         handed in a pass, or GATHER_S after the first one came; while a priority sequence (an editor's
         completion) is active, it goes when that one's pass is in, waiting up to PRIORITY_WAIT_S for it."""
         now = time.perf_counter()
-        if any(self.active.values()):
-            return 0.0 if any(p.priority for p in self.waiting) else first + PRIORITY_WAIT_S - now
+        if any(self.active.values()):  # counted from the priority pass's last step: the others' passes
+            # have often waited through it, and would otherwise go first while its next one is prepared
+            return 0.0 if any(p.priority for p in self.waiting) else max(first, self.step_end) + PRIORITY_WAIT_S - now
         seqs = {p.seq for p in self.waiting}
         return 0.0 if all(s in seqs for s in self.active) else first + GATHER_S - now
 
@@ -160,11 +165,7 @@ class Batcher:
     def _run(self, step: list[tuple[Pass, int]]) -> None:
         parts = [(p.seq, p.tokens[p.done:p.done + n], p.logits if p.done + n == len(p.tokens) else "none")
                  for p, n in step]
-        # a step of background passes alone is given up inside llama_decode the moment their work is
-        # told to give way or a request's pass waits (a 64-token slice costs 0.4-1 s here: an editor's
-        # completion waited that long)
-        abort = (lambda: self._request_waiting() or any(p.stop() for p, _ in step)) \
-            if all(p.stop is not None for p, _ in step) else None
+        abort, yielding = self._abort_for(step)
         t0 = time.perf_counter()
         try:
             try:
@@ -173,6 +174,9 @@ class Batcher:
                 if not (self.make_room and self.make_room()):
                     raise
                 outs = self.ctx.decode_parts(parts, abort)
+        except PassInterrupted as e:
+            self._interrupted(step, e, yielding)
+            return
         except BaseException as e:  # each pass's thread gets the error; this thread goes on
             with self.cv:
                 for p, _ in step:
@@ -182,6 +186,7 @@ class Batcher:
         dt = time.perf_counter() - t0
         with self.cv:
             self.steps += 1
+            self.step_end = time.perf_counter()
             self.last_step = {p.seq: n for p, n in step}
             for (p, n), out in zip(step, outs):
                 p.done += n
@@ -190,6 +195,27 @@ class Batcher:
                     p.out, p.finished = out, True
                     self.waiting.remove(p)
 
+    def _abort_for(self, step: list[tuple[Pass, int]]):
+        """(what llama.cpp asks while the step runs whether to give it up, whether its passes then go
+        again): background work's passes alone give way to any request and to their work's own stop
+        (a 64-token slice costs 0.4-1 s here: an editor's completion waited that long); a long step of
+        others' passes gives way to an editor's completion that arrives (and goes again after it)."""
+        if all(p.stop is not None for p, _ in step):
+            return (lambda: self._request_waiting() or any(p.stop() for p, _ in step)), False
+        seqs = {p.seq for p, _ in step}
+        if not any(p.priority for p, _ in step) and sum(n for _, n in step) >= YIELD_MIN:
+            return (lambda: any(pri for s, pri in list(self.active.items()) if s not in seqs)), True
+        return None, False
+
+    def _interrupted(self, step: list[tuple[Pass, int]], e: PassInterrupted, again: bool) -> None:
+        with self.cv:
+            now = self.step_end = time.perf_counter()
+            for p, _ in step:
+                if again:  # rolled back whole: it goes again once the editor's passes have had their turn
+                    p.since = now
+                else:
+                    p.error, p.finished = e, True
+                    self.waiting.remove(p)
 
     def _request_waiting(self) -> bool:
         """Asked by llama.cpp between a background pass's graph nodes (no lock: a list read is atomic)."""

@@ -361,7 +361,7 @@ class FakeCtx:
 
 def test_a_long_prompt_goes_in_slices_while_others_decode_and_priority_goes_alone():
     b = Batcher.__new__(Batcher)
-    b.ctx, b.active = FakeCtx(), {0: False, 1: False, 2: True}
+    b.ctx, b.active, b.step_end = FakeCtx(), {0: False, 1: False, 2: True}, 0.0
     prompt, decode = Pass(0, list(range(1000)), "none", False), Pass(1, [5, 6, 7], "all", False)
     b.waiting = [prompt, decode]
     step = b._compose()
@@ -374,6 +374,8 @@ def test_a_long_prompt_goes_in_slices_while_others_decode_and_priority_goes_alon
     assert b._wait_left(time.perf_counter()) == 0.0
     b.waiting = [prompt, decode]  # its next pass is on its way: the others wait for it, a while
     assert 0 < b._wait_left(time.perf_counter()) <= 0.05
+    b.step_end = time.perf_counter()  # ...counted from its last step, however long theirs have waited
+    assert 0 < b._wait_left(time.perf_counter() - 10) <= 0.05
 
 
 def test_a_running_request_yields_to_a_newer_one_for_its_first_steps():
@@ -504,6 +506,32 @@ def test_a_step_of_background_passes_gives_way_to_a_request_waiting_beside_it(ti
         b.waiting = list(mixed)
         b._run([(p, len(p.tokens)) for p in mixed])  # a request's pass in the step: nothing is given up
         assert all(p.finished and p.error is None for p in mixed)
+    finally:
+        b.close()
+        ctx.close()
+        model.close()
+
+
+def test_a_long_step_gives_way_to_an_editors_completion_and_goes_again_after_it(tiny):
+    """A 64-token verify or prompt slice costs up to a second here: when an editor's completion joins while
+    it runs, it is given up inside llama_decode, rolled back, and goes again (nothing lost but time)."""
+    model = Model(tiny.target)
+    ctx = Context(model, 1024, 512, THREADS, THREADS, n_seq=3)
+    b = Batcher(ctx)
+    try:
+        b.active = {0: False, 2: True}  # the editor's completion has joined, its first pass not in yet
+        slice_ = Pass(0, list(range(20, 84)), "none", False)
+        b.waiting = [slice_]
+        b._run([(slice_, 64)])
+        assert not slice_.finished and slice_.error is None and slice_ in b.waiting and ctx.seq_tokens[0] == []
+        decode = Pass(0, [7], "last", False)  # a single token is not worth giving up
+        b.waiting = [decode]
+        b._run([(decode, 1)])
+        assert decode.finished and decode.error is None
+        b.active = {0: False}  # the editor is done: the long step runs whole
+        b.waiting = [slice_]
+        b._run([(slice_, 64)])
+        assert slice_.finished and ctx.seq_tokens[0] == [7, *range(20, 84)]
     finally:
         b.close()
         ctx.close()
