@@ -80,6 +80,7 @@ class ThreadGovernor:
         self.changes: list[tuple[float, int, int, str]] = []  # (time, from, to, why)
         self.on_change: Callable[[int], None] | None = None  # e.g. remember the count for the next process
         self.scale = 1.0  # what passes cost on a quiet machine at this run's depth, relative to the profile
+        self.unknown_looks = 0  # questions about the others' CPU answered "cannot say", in a row
         self.calibrating: list[float] | None = None
 
     QUIET = 0.3  # other processes used less than this share of a core: the machine is quiet
@@ -128,13 +129,26 @@ class ThreadGovernor:
             return
         if self.trial_from is not None:
             self._judge_trial()
-        elif self.score[n] > self.TRIGGER and n > 1:
+        elif self.score[n] > self.TRIGGER and n > 1 and self._contended():
             self._try(n - 1, f"passes at {self.score[n]:.1f}x their expected cost")
         elif n < self.max_threads and self.clock() - self.since >= self.probe_s:
             if self._core_free(n):
                 self._try(n + 1, "probing: the machine may have calmed down")
             else:
                 self.since = self.clock()  # still busy: look again after another interval
+
+    UNKNOWN_LOOKS = 10  # the others' CPU could not be read this many times running: judge by pass costs alone
+
+    def _contended(self) -> bool:
+        """Whether other processes use the CPU: only then can fewer threads be faster. On a quiet machine
+        slow passes are its own noise (measured: a trial at one thread there cost a short chat 10-15%);
+        where the others' use cannot be read (off Linux), slow passes are all there is to go by."""
+        busy = self.others_busy()
+        if busy is None:  # a window too short to say, or no /proc/stat
+            self.unknown_looks += 1
+            return self.unknown_looks >= self.UNKNOWN_LOOKS
+        self.unknown_looks = 0
+        return busy >= self.QUIET
 
     def _core_free(self, n: int) -> bool:
         """Whether the other processes left room for one more thread since the last look (unknown: yes)."""
