@@ -220,14 +220,9 @@ def main() -> int:
     p.add_argument("--quick", action="store_true", help="one request per workload")
     p.add_argument("--gap", type=float, default=2.0, help="seconds of quiet before each request (default 2)")
     p.add_argument("--llama-server", type=Path, help="a llama-server binary (default: built from the sdist, cached)")
-    p.add_argument("--repeat", type=int, default=1, metavar="N",
-                   help="send every request N times (each time to every server, the order alternating): a short "
-                        "chat answer's ratio is as noisy as this machine (servers doing identical work differ by "
-                        "5-9%% here), a sum over repeats less so")
     p.add_argument("--json", type=Path, help="write every request's figures and texts here")
     a = p.parse_args()
-    if a.repeat < 1:
-        p.error("--repeat takes a count of 1 or more")
+
     names = a.servers.split(",")
     unknown = set(names) - {*LOCALSPEC_ARGS, *LLAMA_ENTRANTS}
     if unknown:
@@ -241,8 +236,7 @@ def main() -> int:
             s.ask({"messages": [{"role": "user", "content": "Say hi."}], "max_tokens": 8, "temperature": 0})
         wait_quiet(servers, quiet_s=3.0, gap_s=a.gap, limit_s=300)
         results = []
-        sent = [x for x in workloads(a.workloads.split(","), a.quick) for _ in range(a.repeat)]
-        for i, (w, body) in enumerate(sent):
+        for i, (w, body) in enumerate(workloads(a.workloads.split(","), a.quick)):
             order = servers[i % len(servers):] + servers[:i % len(servers)]
             if i % 2:
                 order.reverse()
@@ -262,7 +256,7 @@ def main() -> int:
     print_table(rows)
     print_spread(results)
     if a.json:
-        a.json.write_text(json.dumps({"results": results, "rows": rows, "repeat": a.repeat}, indent=1))
+        a.json.write_text(json.dumps({"results": results, "rows": rows}, indent=1))
     return 0
 
 
