@@ -185,10 +185,11 @@ def test_log_requests_timing_line_is_whole():
     from localspec.stats import Stats
 
     st = Stats(prompt_tokens=18734, prompt_eval_tokens=40, prompt_eval_s=6.4, tokens=25, generation_s=5.0,
-               drafted=12, accepted=9, stop_reason="eos", cache_restored=True)
+               drafted=12, accepted=9, stop_reason="eos", cache_restored=True, threads=2,
+               thread_changes=[[2, 1, "passes at 1.6x their expected cost"]])
     assert timing_line(st, 1, 0.004) == (
         "localspec serve: lane 1: waited 0.00 s · prompt 40 new tokens (18694 cached, restored) in 6.40 s "
-        "(6.2 tok/s) · 25 tokens in 5.00 s (5.0 tok/s, 9/12 drafts accepted) · eos\n")
+        "(6.2 tok/s) · 25 tokens in 5.00 s (5.0 tok/s, 9/12 drafts accepted) · 2 threads (1 changes) · eos\n")
     assert "(0 cached) in 0.00 s (-)" in timing_line(Stats(stop_reason="length"), 0, 0.0)
 
 

@@ -352,8 +352,9 @@ def timing_line(st: Stats, lane: int, waited_s: float) -> str:
         return f"{n / s:.1f} tok/s" if s > 0 else "-"
     cached = st.prompt_tokens - st.prompt_eval_tokens
     drafts = f", {st.accepted}/{st.drafted} drafts accepted" if st.drafted else ""
+    changes = f" ({len(st.thread_changes)} changes)" if st.thread_changes else ""
+    threads = f" · {st.threads} threads{changes}" if st.threads else ""
     return (f"localspec serve: lane {lane}: waited {waited_s:.2f} s · prompt {st.prompt_eval_tokens} new tokens "
             f"({cached} cached{', restored' if st.cache_restored else ''}) in {st.prompt_eval_s:.2f} s "
             f"({rate(st.prompt_eval_tokens, st.prompt_eval_s)}) · {st.tokens} tokens in {st.generation_s:.2f} s "
-            f"({rate(st.tokens, st.generation_s)}{drafts}) · {st.threads} threads"
-            f"{f' ({len(st.thread_changes)} changes)' if st.thread_changes else ''} · {st.stop_reason}\n")
+            f"({rate(st.tokens, st.generation_s)}{drafts}){threads} · {st.stop_reason}\n")
