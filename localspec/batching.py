@@ -317,8 +317,8 @@ class SeqView:
     def truncate(self, n: int) -> None:
         self.ctx.truncate(n, self.seq)
 
-    def sync(self, tokens: list[int], should_stop=None, step: int = 128) -> int:
-        return sync_cache(self, tokens, should_stop, step)
+    def sync(self, tokens: list[int], should_stop=None, step: int = 128, background: bool = False) -> int:
+        return sync_cache(self, tokens, should_stop, step, background)
 
     def copy_from(self, other: "SeqView", tokens: list[int]) -> int:
         return self.ctx.copy_prefix(other.seq, self.seq, tokens)

@@ -329,7 +329,7 @@ def depth_bucket(n_tokens: int) -> int | None:
     return fits[-1] if fits else None
 
 
-def measure_at_depth(ctx, n_max: int, repeats: int = 3, should_stop=lambda: False) -> list[float] | None:
+def measure_at_depth(ctx, n_max: int, repeats: int = 3, should_stop=None) -> list[float] | None:
     """T_verify(n), n = 1..n_max (the curve's sizes up to n_max, interpolated between), over whatever
     the context holds now (its depth), every pass rolled back so the cache is left as it was. None
     when `should_stop()` said to give up (a request came) or the repeats disagreed (noise)."""
@@ -341,7 +341,7 @@ def measure_at_depth(ctx, n_max: int, repeats: int = 3, should_stop=lambda: Fals
     samples: dict[int, list[float]] = {}
     for r in range(repeats + 1):  # the first round warms up
         for n in sizes:
-            if should_stop():
+            if should_stop is not None and should_stop():
                 return None
             try:  # passes longer than a draft's give way inside llama_decode to a request (a decode's: 30 ms)
                 dt = _steady_single_s(ctx, toks[:SINGLES]) if n == 1 else \

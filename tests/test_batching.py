@@ -540,18 +540,22 @@ def test_a_long_step_gives_way_to_an_editors_completion_and_goes_again_after_it(
 
 def test_a_background_fill_interrupted_mid_pass_keeps_the_slices_before_it():
     class Cache:  # its third slice is interrupted by a request
-        tokens: list[int] = []
+        def __init__(self):
+            self.tokens: list[int] = []
+            self.asked: list[bool] = []
 
         def truncate(self, n):
             del self.tokens[n:]
 
         def eval(self, toks, logits="last", stop=None):
-            assert stop is not None
-            if len(self.tokens) == 128:
+            self.asked.append(stop is not None)
+            if len(self.tokens) == 128 and stop is not None:
                 raise PassInterrupted("a request came")
             self.tokens += toks
 
     cache = Cache()
-    assert sync_cache(cache, list(range(1000)), should_stop=lambda: False, step=64) == 128
-    assert cache.tokens == list(range(128))
-
+    assert sync_cache(cache, list(range(1000)), should_stop=lambda: False, step=64, background=True) == 128
+    assert cache.tokens == list(range(128)) and all(cache.asked)
+    request = Cache()  # a request's own fill: its passes are never given up, its cancel is asked between them
+    assert sync_cache(request, list(range(1000)), should_stop=lambda: False, step=64) == 1000
+    assert not any(request.asked)

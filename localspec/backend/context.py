@@ -201,8 +201,8 @@ class Context:
                     return
                 del toks[n:]
 
-    def sync(self, tokens: list[int], should_stop=None, step: int = 128) -> int:
-        return sync_cache(self, tokens, should_stop, step)
+    def sync(self, tokens: list[int], should_stop=None, step: int = 128, background: bool = False) -> int:
+        return sync_cache(self, tokens, should_stop, step, background)
 
     def copy_prefix(self, src: int, dst: int, tokens: list[int]) -> int:
         """Make sequence `dst` hold the longest prefix of `tokens` that sequence `src` holds, sharing its
@@ -259,11 +259,13 @@ class Context:
             pass
 
 
-def sync_cache(cache, tokens: list[int], should_stop=None, step: int = 128) -> int:
+def sync_cache(cache, tokens: list[int], should_stop=None, step: int = 128, background: bool = False) -> int:
     """Make a cache (a Context's sequence 0, or one sequence of a shared one) hold exactly `tokens`,
     reusing the longest common prefix (prompt cache across chat turns). Returns how many tokens had to
     be evaluated. With `should_stop`, the evaluation goes `step` tokens at a time and ends early (the
-    cache then holds a prefix of `tokens`) when it says so: background work gives way to a request."""
+    cache then holds a prefix of `tokens`) when it says so: background work gives way to a request, and
+    with `background` its passes are asked too while they run (a request's own fill, which stops only
+    when its client hangs up, is not: `should_stop` is then asked between slices)."""
     n = common_prefix(cache.tokens, tokens)
     cache.truncate(n)
     if should_stop is None:
@@ -273,7 +275,7 @@ def sync_cache(cache, tokens: list[int], should_stop=None, step: int = 128) -> i
             if should_stop():
                 break
             try:
-                cache.eval(tokens[start:start + step], logits="none", stop=should_stop)
+                cache.eval(tokens[start:start + step], logits="none", stop=should_stop if background else None)
             except PassInterrupted:  # a request came while the pass ran: it was given up, rolled back
                 break
     return len(cache.tokens) - n

@@ -234,7 +234,8 @@ class ServerSession:
             with self.engine.unobserved():
                 if quick and held < QUICK_FILL:
                     toks = lane.target.tokens or [0]  # any token: only the depth matters
-                    lane.target.sync((toks * (QUICK_FILL // len(toks) + 1))[:QUICK_FILL], stop, 64)  # starts with toks
+                    lane.target.sync((toks * (QUICK_FILL // len(toks) + 1))[:QUICK_FILL], stop, 64,  # starts with toks
+                                     background=True)
                 tv = measure_at_depth(lane.target, CURVE_SIZES[-1], repeats=2, should_stop=stop)
             depth = len(lane.target.tokens)
         finally:
