@@ -42,7 +42,7 @@ class Pass:
     tokens: list[int]
     logits: str
     priority: bool
-    stop: Callable[[], bool] | None = None  # background work's (a warm-up's, a measurement's): whether to give way
+    stop: Callable[[], bool] | None = None  # background work's (an idle measurement's): whether to give way
     since: float = field(default_factory=time.perf_counter)
     done: int = 0  # tokens evaluated so far (a prompt goes in slices)
     out: np.ndarray | None = None
@@ -197,8 +197,8 @@ class Batcher:
 
     def _abort_for(self, step: list[tuple[Pass, int]]):
         """(what llama.cpp asks while the step runs whether to give it up, whether its passes then go
-        again): background work's passes alone give way to any request and to their work's own stop
-        (a 64-token slice costs 0.4-1 s here: an editor's completion waited that long); a long step of
+        again): background passes alone (an idle measurement's: work no request reuses) give way to any
+        request and to their work's own stop (a 64-token pass costs 0.4-1 s here); a long step of
         others' passes gives way to an editor's completion that arrives (and goes again after it)."""
         if all(p.stop is not None for p, _ in step):
             return (lambda: self._request_waiting() or any(p.stop() for p, _ in step)), False

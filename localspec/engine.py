@@ -421,22 +421,23 @@ class Engine:
         with self._shared_fill(lane, prompt[:-1], should_stop):
             self._enter(lane, False)
             try:
-                if not self._fill(prompt[:-1], stats, should_stop, lane=lane, background=should_stop is not None):
+                if not self._fill(prompt[:-1], stats, should_stop, lane=lane):
                     stats.stop_reason = "cancelled"
             finally:
                 self._leave(lane)
         return stats
 
     def _fill(self, tokens: list[int], stats: Stats, should_stop=None, step: int = BACKGROUND_STEP,
-              lane: Lane | None = None, background: bool = False) -> bool:
+              lane: Lane | None = None) -> bool:
         """Bring the lane's cache to `tokens`, from the best cached prompt when there is a cache;
-        False when `should_stop` ended it first (`background`: asked while each pass runs too)."""
+        False when `should_stop` ended it first (asked between slices: a warm-up's slice in flight is
+        finished, since the request that stops it usually needs those very tokens)."""
         target = (lane or self.lane).target
         t0 = time.perf_counter()
         if self.prompt_cache is not None:
             use = self.prompt_cache.prepare(tokens, target)
             stats.cache_restored, stats.cache_entries = use.restored, use.entries
-        stats.prompt_eval_tokens = target.sync(tokens, should_stop, step=step, background=background)
+        stats.prompt_eval_tokens = target.sync(tokens, should_stop, step=step)
         stats.prompt_eval_s = time.perf_counter() - t0
         return len(target.tokens) == len(tokens)
 

@@ -26,5 +26,5 @@ class ConfigError(LocalspecError):
 
 
 class PassInterrupted(LocalspecError):
-    """A background pass (a warm-up, an idle measurement) stopped inside llama_decode because a request
+    """A background pass (the server's idle measurement) stopped inside llama_decode because a request
     came: caught by the background work it ends, never shown to a user."""
