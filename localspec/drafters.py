@@ -211,8 +211,9 @@ class NgramDrafter:
         if f.resync and not held:  # the other kind of edit?
             kind = "insert" if f.resync == "replace" else "replace"
             alt = Follow(f.source, f.pos - 1 if kind == "insert" else f.pos + 1, f.at, f.match, f.origin, kind, f.copied)
-            if alt.pos >= 0 and self._ahead(alt, len(new)).tokens == new:
-                f, ahead, held = alt, self._ahead(alt, len(new)), len(new)
+            alt_ahead = self._ahead(alt, len(new)) if alt.pos >= 0 else None
+            if alt_ahead is not None and alt_ahead.tokens == new:
+                f, ahead, held = alt, alt_ahead, len(new)
         if f.resync and held:
             self.edits[f.resync] += 1
             self._learn(f, seq)
@@ -266,6 +267,9 @@ class NgramDrafter:
     def _ahead(self, f: "Follow", n: int) -> "Ahead":
         """Up to n tokens of the copy from where `f` stands, with this answer's repeated edits made."""
         source, pos = f.source, f.pos
+        if not self.rewrites and not f.skip:  # the common case, every drafting step: the source as it is
+            part = source[pos:pos + n]
+            return Ahead(part, [(p, 0, 1, (t,)) for p, t in enumerate(part, pos)], [False] * len(part))
         out = Ahead([], [], [])
         while len(out.tokens) < n + f.skip and pos < len(source):
             key = self.rewrites.at(source, pos) if self.rewrites else None

@@ -64,6 +64,7 @@ class Context:
         self._abort: Callable[[], bool] | None = None
         self._abort_next = 0.0  # the question is put to `_abort` at most every ABORT_POLL_S
         self._abort_cb = L.ggml_abort_callback(self._should_abort)
+        self._no_abort_cb = L.ggml_abort_callback()  # NULL: llama.cpp asks nothing
 
     VERIFY_SHAPES = (1, 2, 4, 8, 16)
     pad_verify = False  # pad "all"-logits passes to VERIFY_SHAPES (LoadConfig.verify_buckets)
@@ -158,7 +159,7 @@ class Context:
         try:
             return self.L.llama_decode(self.ptr, batch)
         finally:
-            self.L.llama_set_abort_callback(self.ptr, self.L.ggml_abort_callback(), None)
+            self.L.llama_set_abort_callback(self.ptr, self._no_abort_cb, None)
             self._abort = None
 
     ABORT_POLL_S = 0.005  # a request waits about this long at most for a background pass to end
