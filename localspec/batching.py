@@ -8,6 +8,14 @@ active sequence has handed in its next pass (or GATHER_S went by), runs them all
 gives each its own logits rows. Rollback stays per sequence (`llama_memory_seq_rm` on its seq_id), so
 one sequence's rejected drafts never touch another's cache.
 
+One thread decodes, for every context of the process: llama.cpp's OpenMP team belongs to the thread
+that calls llama_decode, and while two such threads live, libgomp counts more threads than cores and
+stops spinning at the barriers between a graph's nodes (a futex sleep at each instead): every pass of
+both teams, the batch thread's too, then cost ~25% more for the rest of the process (measured: a
+server's plain decoding 29.7 -> 23.6 tok/s after one request drafted with the model on a generation
+thread). So the draft model's passes, and anything else that decodes, go to the batch thread too
+(`Batcher.call`).
+
 Fairness: prompt evaluation goes in slices of at most PROMPT_SLICE tokens while others are decoding
 (a long prompt stalls them for one slice, not for the whole prompt); sequences marked `priority`
 (an editor's completion) go alone while they have work, the others' passes wait one step at most.
@@ -55,6 +63,15 @@ class Pass:
         return self.logits == "none"
 
 
+@dataclass
+class _Call:
+    """Work handed to the batch thread (Batcher.call), waited for."""
+    fn: Callable[[], object]
+    result: object = None
+    error: BaseException | None = None
+    finished: bool = False
+
+
 class Batcher:
     """The one thread that calls llama_decode on a shared context while sequences are active."""
 
@@ -65,6 +82,7 @@ class Batcher:
         self.active: dict[int, bool] = {}  # seq -> priority, while a generation runs on it
         self.joined: dict[int, float] = {}  # seq -> when its generation began
         self.waiting: list[Pass] = []
+        self.calls: list[_Call] = []  # other work that decodes (the draft model's passes), run between steps
         self.steps = 0
         self.last_step: dict[int, int] = {}  # seq -> tokens it had in the last step
         self.step_end = 0.0  # when the last step ended
@@ -109,6 +127,22 @@ class Batcher:
             raise p.error
         return p
 
+    def call(self, fn: Callable[[], object]):
+        """fn() run on the batch thread, between steps, ahead of them (a draft model's pass: its
+        generation waits for it); its result returned or its exception raised here."""
+        if threading.current_thread() is self.thread:
+            return fn()
+        c = _Call(fn)
+        with self.cv:
+            if self.closed:
+                raise ContextFullError("the batch thread has stopped")
+            self.calls.append(c)
+            self.cv.notify_all()
+            self.cv.wait_for(lambda: c.finished)
+        if c.error is not None:
+            raise c.error
+        return c.result
+
     def close(self) -> None:
         with self.cv:
             self.closed = True
@@ -128,19 +162,35 @@ class Batcher:
     def _loop(self) -> None:
         while True:
             with self.cv:
-                self.cv.wait_for(lambda: self.waiting or self.closed)
+                self.cv.wait_for(lambda: self.waiting or self.calls or self.closed)
                 if self.closed:
-                    for p in self.waiting:
+                    for p in [*self.waiting, *self.calls]:
                         p.error, p.finished = ContextFullError("the server is shutting down"), True
                     self.cv.notify_all()
                     return
-                first = min(p.since for p in self.waiting)
-                while (left := self._wait_left(first)) > 0:
-                    self.cv.wait(left)
-                step = self._compose()
+                if not self.calls:
+                    first = min(p.since for p in self.waiting)
+                    while not self.calls and (left := self._wait_left(first)) > 0:
+                        self.cv.wait(left)
+                calls, self.calls = self.calls, []
+                step = [] if calls else self._compose()
+            if calls:  # a generation waits on each (a sequence still drafting, not yet handed in)
+                self._run_calls(calls)
+                continue
             self._run(step)
             with self.cv:
                 self.cv.notify_all()
+
+    def _run_calls(self, calls: list["_Call"]) -> None:
+        for c in calls:
+            try:
+                c.result = c.fn()
+            except BaseException as e:  # the caller gets it; this thread goes on
+                c.error = e
+        with self.cv:
+            for c in calls:
+                c.finished = True
+            self.cv.notify_all()
 
     def _compose(self) -> list[tuple[Pass, int]]:
         """The passes (and how many of each one's tokens) that go in the next step."""
@@ -288,12 +338,13 @@ class PromptFills:
 class SeqView:
     """One sequence of a shared context, with a Context's face (tokens, eval, truncate, sync, snapshot,
     restore) for the loop, the drafter and the prompt cache. With a `batcher` its passes join the
-    others' steps; without one (the draft model's context) they run at once, one caller at a time."""
+    others' steps; without one (the draft model's context) they run at once, one caller at a time, on
+    the `runner`'s thread when given one (the batch thread, the one thread that decodes)."""
 
     pad_verify = False
 
-    def __init__(self, ctx: Context, seq: int, batcher: Batcher | None = None):
-        self.ctx, self.seq, self.batcher = ctx, seq, batcher
+    def __init__(self, ctx: Context, seq: int, batcher: Batcher | None = None, runner: Batcher | None = None):
+        self.ctx, self.seq, self.batcher, self.runner = ctx, seq, batcher, runner
         self.n_ctx, self.n_batch, self.n_vocab = ctx.n_ctx, ctx.n_batch, ctx.n_vocab
         self.decode_s = 0.0
 
@@ -307,7 +358,8 @@ class SeqView:
             return None
         if self.batcher is None:
             t0 = time.perf_counter()
-            out = self.ctx.eval(tokens, logits, seq=self.seq, stop=stop)
+            run = lambda: self.ctx.eval(tokens, logits, seq=self.seq, stop=stop)  # noqa: E731
+            out = run() if self.runner is None else self.runner.call(run)
             self.decode_s += time.perf_counter() - t0
             return out
         p = self.batcher.submit(self.seq, tokens, logits, stop)

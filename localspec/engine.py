@@ -12,7 +12,7 @@ import time
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Iterator
+from typing import Callable, Iterator, TypeVar
 
 import numpy as np
 
@@ -31,6 +31,7 @@ from .text import TextStream
 from .threads import ThreadGovernor
 
 NO_DRAFT = Draft()
+T = TypeVar("T")
 BACKGROUND_STEP = 64  # tokens per pass of a prompt evaluation that may be interrupted: 0.4 s here, 3% slower than 512
 CANCEL_STEP = 256  # a request's own prompt: a hang-up or a newer request from its editor ends it within a pass
 
@@ -232,7 +233,12 @@ class Engine:
 
     def _draft_view(self, seq: int) -> SeqView | None:
         ctx = self.load_draft()
-        return SeqView(ctx, seq) if ctx is not None else None
+        return SeqView(ctx, seq, runner=self.batcher) if ctx is not None else None
+
+    def decoding(self, fn: Callable[[], T]) -> T:
+        """fn() on the thread that decodes (a server's batch thread: batching.py says why only one may),
+        for work that calls llama_decode outside a generation (measuring the pass costs)."""
+        return self.batcher.call(fn) if self.batcher is not None else fn()
 
     def _make_room(self) -> bool:
         """The shared cache is full: drop the least recently used idle lane's sequence (the batch thread
