@@ -7,6 +7,7 @@ Servers (each on its own loopback port, started here and stopped at the end):
   llama-draft      llama-server -md DRAFT (the pair's draft model)
 and, to take a difference apart:
   localspec-plain  `localspec serve --spec off` (the same engine, never drafting)
+  localspec-fa-on  `localspec serve -fa on` (llama.cpp's flash-attention kernel, llama-server's choice)
   llama-fa-off     llama-server -fa off (the attention kernel localspec uses on a CPU)
 llama-server is built once from the llama-cpp-python sdist this project installs (llama.cpp's own code
 of the version localspec runs on) into ~/.cache/localspec, never into the repository.
@@ -139,7 +140,7 @@ def wait_quiet(servers: list[Entrant], quiet_s: float, gap_s: float, limit_s: fl
             return
 
 
-LOCALSPEC_ARGS = {"localspec": [], "localspec-plain": ["--spec", "off"]}
+LOCALSPEC_ARGS = {"localspec": [], "localspec-plain": ["--spec", "off"], "localspec-fa-on": ["-fa", "on"]}
 LLAMA_ENTRANTS = ("llama", "llama-spec", "llama-draft", "llama-fa-off")
 
 
