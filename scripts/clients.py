@@ -201,8 +201,13 @@ def start_proxy(rec: Recorder) -> int:
 
         def log_message(self, *a):
             pass
+    class QuietServer(ThreadingHTTPServer):
+        def handle_error(self, request, client_address):  # a client that hung up between requests: fine
+            if not isinstance(sys.exc_info()[1], (BrokenPipeError, ConnectionResetError)):
+                super().handle_error(request, client_address)
+
     port = free_port()
-    httpd = ThreadingHTTPServer(("127.0.0.1", port), Handler)
+    httpd = QuietServer(("127.0.0.1", port), Handler)
     httpd.daemon_threads = True
     threading.Thread(target=httpd.serve_forever, daemon=True).start()
     return port
