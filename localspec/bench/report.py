@@ -424,7 +424,8 @@ def _acceptance_plot(plt, doc: dict, drafters: list[str], base: Path) -> tuple[s
         ax.set_title(f"{d} drafter: acceptance by draft position")
         ax.set_xlabel("draft position")
         ax.set_ylabel("share of rounds accepting it")
-        ax.legend(fontsize=8)
+        if ax.get_legend_handles_labels()[0]:  # a drafter that drafted in no workload has no lines
+            ax.legend(fontsize=8)
     fig.tight_layout()
     found = None
     if any_line:
