@@ -417,10 +417,10 @@ def test_batched_greedy_equals_single_runs_but_at_measured_near_ties_on_the_real
 
 
 def test_every_pass_of_a_shared_context_runs_on_the_batch_thread(tiny):
-    """llama.cpp's OpenMP workers belong to the thread that calls llama_decode, and spin a while after
-    each pass: decoding a lone request in its own thread (two hand-offs a token fewer) left the batch
-    thread's team spinning beside it and cost 20% a token on 2 cores (35 -> 42 ms). So every pass, alone
-    or shared, runs on the batch thread."""
+    """llama.cpp's OpenMP team belongs to the thread that calls llama_decode, and with two such threads
+    alive libgomp stops spinning at the barriers between a graph's nodes: decoding a lone request in its
+    own thread (two hand-offs a token fewer) cost 20% a token on 2 cores (35 -> 42 ms). So every pass,
+    alone or shared, runs on the batch thread."""
     model = Model(tiny.target)
     ctx = Context(model, 1024, 512, THREADS, THREADS, n_seq=2)
     batcher = Batcher(ctx)
