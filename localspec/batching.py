@@ -116,32 +116,26 @@ class Batcher:
         return sum(rows), len(rows), newer or editor
 
     def submit(self, seq: int, tokens: list[int], logits: str, stop: Callable[[], bool] | None = None) -> Pass:
-        p = Pass(seq, list(tokens), logits, self.active.get(seq, False), stop)
-        with self.cv:
-            if self.closed:
-                raise ContextFullError("the batch thread has stopped")
-            self.waiting.append(p)
-            self.cv.notify_all()
-            self.cv.wait_for(lambda: p.finished)
-        if p.error is not None:
-            raise p.error
-        return p
+        return self._hand_in(self.waiting, Pass(seq, list(tokens), logits, self.active.get(seq, False), stop))
 
     def call(self, fn: Callable[[], object]):
         """fn() run on the batch thread, between steps, ahead of them (a draft model's pass: its
         generation waits for it); its result returned or its exception raised here."""
         if threading.current_thread() is self.thread:
             return fn()
-        c = _Call(fn)
+        return self._hand_in(self.calls, _Call(fn)).result
+
+    def _hand_in(self, queue: list, item):
+        """Put a Pass or a _Call where the batch thread takes it, wait until it is finished, raise its error."""
         with self.cv:
             if self.closed:
                 raise ContextFullError("the batch thread has stopped")
-            self.calls.append(c)
+            queue.append(item)
             self.cv.notify_all()
-            self.cv.wait_for(lambda: c.finished)
-        if c.error is not None:
-            raise c.error
-        return c.result
+            self.cv.wait_for(lambda: item.finished)
+        if item.error is not None:
+            raise item.error
+        return item
 
     def close(self) -> None:
         with self.cv:
@@ -358,8 +352,10 @@ class SeqView:
             return None
         if self.batcher is None:
             t0 = time.perf_counter()
-            run = lambda: self.ctx.eval(tokens, logits, seq=self.seq, stop=stop)  # noqa: E731
-            out = run() if self.runner is None else self.runner.call(run)
+            if self.runner is None:
+                out = self.ctx.eval(tokens, logits, seq=self.seq, stop=stop)
+            else:
+                out = self.runner.call(lambda: self.ctx.eval(tokens, logits, seq=self.seq, stop=stop))
             self.decode_s += time.perf_counter() - t0
             return out
         p = self.batcher.submit(self.seq, tokens, logits, stop)
