@@ -10,11 +10,15 @@ alternating between rounds, both servers quiet before each scenario):
              in one order, as one client sends them (so both servers see them arrive in the same order):
              each one's first byte and total, aggregate tok/s; and whether each greedy text equals the
              same request alone
+  prompt     (not in the default set) the burst's first request cut to its prompt: the ~2k-token system
+             prompt, new to both servers, and one token out, alone: prompt evaluation, which is what the
+             burst's first byte waits for on both servers; `--only prompt --rounds 6` pairs them
 llama-server is built once from the llama-cpp-python sdist into ~/.cache/localspec (scripts/llamacpp_tools.py).
 
   scripts/together                 # both servers, 2 rounds (~15 min on 2 cores)
   scripts/together --rounds 1 --servers localspec
   scripts/together --only burst    # one scenario
+  scripts/together --only prompt --rounds 6   # the burst's prompt evaluation, 6 sends each, alternating
 """
 
 from __future__ import annotations
@@ -128,7 +132,8 @@ def scenarios(sys_prompt: str) -> dict:
     short = ("/v1/chat/completions", chat_body(SHORT, SHORT_TOKENS))
     infill = ("/infill", infill_body())
     burst = [("/v1/chat/completions", chat_body(q, BURST_TOKENS, system=sys_prompt)) for q in BURST]
-    return {"long": long, "short": short, "infill": infill, "burst": burst}
+    prompt = ("/v1/chat/completions", chat_body(BURST[0], 1, system=sys_prompt))
+    return {"long": long, "short": short, "infill": infill, "burst": burst, "prompt": prompt}
 
 
 def run_round(s: Entrant, sc: dict, servers: list[Entrant], only: set[str]) -> dict:
@@ -138,7 +143,17 @@ def run_round(s: Entrant, sc: dict, servers: list[Entrant], only: set[str]) -> d
         out.update(run_second(url, sc, servers))
     if "burst" in only:
         out.update(run_burst(url, sc, servers))
+    if "prompt" in only:
+        wait_quiet(servers, 1.0, 1.0)
+        out["prompt"] = together(url, [(0.0, *new_system_prompt(sc["prompt"], f"[prompt {time.time()}] "))])[0][0]
     return out
+
+
+def new_system_prompt(req: tuple[str, dict], stamp: str) -> tuple[str, dict]:
+    """The request with `stamp` before its system prompt: a prompt neither server has seen, paid for in full."""
+    path, body = req
+    system, user = body["messages"]
+    return path, {**body, "messages": [{"role": "system", "content": stamp + system["content"]}, user]}
 
 
 def run_second(url: str, sc: dict, servers: list[Entrant]) -> dict:
@@ -157,9 +172,8 @@ def run_second(url: str, sc: dict, servers: list[Entrant]) -> dict:
 def run_burst(url: str, sc: dict, servers: list[Entrant]) -> dict:
     out = {}
     wait_quiet(servers, 1.0, 1.0)
-    stamp = f"[burst {time.time()}] "  # a system prompt neither server has seen: the burst pays for it
-    burst = [(BURST_GAP_S * i, p, {**b, "messages": [{"role": "system", "content": stamp + b["messages"][0]["content"]},
-                                                    b["messages"][1]]}) for i, (p, b) in enumerate(sc["burst"])]
+    stamp = f"[burst {time.time()}] "  # one new system prompt, shared by the four as an agent's helpers share it
+    burst = [(BURST_GAP_S * i, *new_system_prompt(req, stamp)) for i, req in enumerate(sc["burst"])]
     out["burst"], out["burst_wall"] = together(url, burst)
     for i, req in enumerate(burst):  # then each alone (its prompt now cached): is the greedy text the same?
         wait_quiet(servers, 1.0, 1.0)
@@ -184,11 +198,15 @@ def report(results: dict[str, list[dict]]) -> None:
             ("short chat during the long answer: total s", "total", "second_short"),
             ("long answer with a short chat: total s", "total", "second_short_long"),
             ("/infill during the long answer: total s", "total", "second_infill"),
-            ("long answer with an /infill: total s", "total", "second_infill_long")]
+            ("long answer with an /infill: total s", "total", "second_infill_long"),
+            ("the burst's 2k-token prompt alone, 1 token out: total s", "total", "prompt")]
     for label, field, key in rows:
         if any(key not in r for rs in results.values() for r in rs):
             continue
         print(f"| {label} | " + " | ".join(f(med(field, key, s)) for s in results) + " |")
+    if "prompt" in next(iter(results.values()))[0]:
+        print("| the burst's prompt alone, each send (in send order) | " + " | ".join(
+            ", ".join(f(r["prompt"].total, "{:.1f}") for r in rs) for rs in results.values()) + " |")
     if not all("burst" in r for rs in results.values() for r in rs):
         return print_errors(results)
     for i in range(len(BURST)):
