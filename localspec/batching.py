@@ -262,8 +262,9 @@ class Batcher:
                     self.waiting.remove(p)
 
     def _request_waiting(self) -> bool:
-        """Asked by llama.cpp between a background pass's graph nodes (no lock: a list read is atomic)."""
-        return any(p.stop is None for p in self.waiting)
+        """Asked by llama.cpp between a background pass's graph nodes (no lock: a list read is atomic):
+        a request's pass, or work a request hands to this thread (its draft model's pass)."""
+        return bool(self.calls) or any(p.stop is None for p in self.waiting)
 
 
 class PromptFills:
@@ -277,26 +278,28 @@ class PromptFills:
 
     def __init__(self):
         self.lock = threading.Lock()
-        self.filling: dict[int, tuple[list[int], object]] = {}  # seq -> (prompt, its cache)
+        self.filling: dict[int, tuple[list[int], object, bool]] = {}  # seq -> (prompt, its cache, generates)
 
     @contextmanager
-    def evaluating(self, seq: int, cache, tokens: list[int], should_stop=None, on_wait=None):
+    def evaluating(self, seq: int, cache, tokens: list[int], should_stop=None, on_wait=None, generates: bool = True):
         """on_wait(): called once before waiting for another lane (the engine parks this lane's old
-        conversation: its cells would sit beside the other's fill, which attends over every cell in use)."""
+        conversation: its cells would sit beside the other's fill, which attends over every cell in use).
+        generates: a token's pass follows this fill (a generation's; a warm-up's prefill has none)."""
         with self.lock:
-            best, best_cache, best_want = None, None, []
+            best, best_cache, best_want, best_generates = None, None, [], False
             best_n = common_prefix(list(cache.tokens), tokens) + self.SHARE_MIN - 1
-            for other_seq, (want, other) in self.filling.items():
+            for other_seq, (want, other, other_generates) in self.filling.items():
                 n = common_prefix(want, tokens)
                 if n > best_n:
-                    best, best_n, best_cache, best_want = other_seq, n, other, want
-            self.filling[seq] = (tokens, cache)
+                    best, best_n, best_cache, best_want, best_generates = other_seq, n, other, want, other_generates
+            self.filling[seq] = (tokens, cache, generates)
         try:
             if best is not None:  # it may finish at any moment from here: its cache was taken under the lock
                 if on_wait is not None:
                     on_wait()
                 self._wait(best, best_cache, tokens, best_n, should_stop)
-                self._first_token(best_cache, len(best_want), should_stop)
+                if best_generates:  # a warm-up's fill is never followed by a token: nothing to wait for
+                    self._first_token(best_cache, len(best_want), should_stop)
             yield
         finally:
             with self.lock:

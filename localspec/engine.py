@@ -384,12 +384,12 @@ class Engine:
         self._leave(lane)
         return False
 
-    def _shared_fill(self, lane: Lane, tokens: list[int], should_stop):
+    def _shared_fill(self, lane: Lane, tokens: list[int], should_stop, generates: bool = True):
         """On a server's lane: wait for another lane already evaluating the same long prefix (then share it)."""
         if self.fills is None or self.prompt_cache is None:
             return nullcontext()
         return self.fills.evaluating(lane.seq, lane.target, tokens, should_stop,
-                                     on_wait=lambda: self.prompt_cache.park(lane.target))
+                                     on_wait=lambda: self.prompt_cache.park(lane.target), generates=generates)
 
     def _begin_rounds(self, drafter, seq: list[int], cfg: GenConfig, stats: Stats) -> None:
         """The prompt is in the cache: the governor learns this depth's pass costs, the drafter starts
@@ -424,7 +424,7 @@ class Engine:
         lane = lane or self.lane
         self.check_prompt(prompt)
         stats = lane.last_stats = Stats(prompt_tokens=len(prompt), spec_mode="off", stop_reason="length")
-        with self._shared_fill(lane, prompt[:-1], should_stop):
+        with self._shared_fill(lane, prompt[:-1], should_stop, generates=False):
             self._enter(lane, False)
             try:
                 if not self._fill(prompt[:-1], stats, should_stop, lane=lane):

@@ -278,8 +278,9 @@ class ServerSession:
                                     f"({engine.target.n_ctx} tokens), try increasing it",
                                "exceed_context_size_error", n_prompt_tokens=len(prompt), n_ctx=engine.target.n_ctx)
             with self.profile_lock:  # measured with the whole context: only while no other lane runs
-                measure = len(self.jobs.running) <= 1  # on the thread that decodes (batching.py says why)
-                engine.decoding(lambda: self.session.ensure_profile(spec=cfg.spec, measure=measure))
+                if engine.profile is None:  # on the thread that decodes (batching.py says why), which
+                    measure = len(self.jobs.running) <= 1  # waits for the step in flight: only to measure
+                    engine.decoding(lambda: self.session.ensure_profile(spec=cfg.spec, measure=measure))
             if cfg.spec == "auto" and engine.profile is None:
                 cfg.spec = "off"  # no measured costs to decide with: plain decoding, never a guess
             job.emit(("start", len(prompt)))
