@@ -27,7 +27,7 @@ import threading
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Callable, NamedTuple
 
 import numpy as np
 
@@ -267,6 +267,13 @@ class Batcher:
         return bool(self.calls) or any(p.stop is None for p in self.waiting)
 
 
+class _Fill(NamedTuple):
+    """A prompt some sequence is evaluating now (PromptFills)."""
+    tokens: list[int]
+    cache: object
+    generates: bool  # a token's pass follows the fill (a generation's; a warm-up's prefill has none)
+
+
 class PromptFills:
     """The prompts being evaluated right now, per sequence. A request whose prompt starts like one of
     them (four requests at once under one system prompt) waits until that one's cache holds the shared
@@ -278,7 +285,7 @@ class PromptFills:
 
     def __init__(self):
         self.lock = threading.Lock()
-        self.filling: dict[int, tuple[list[int], object, bool]] = {}  # seq -> (prompt, its cache, generates)
+        self.filling: dict[int, _Fill] = {}  # seq -> what it is evaluating
 
     @contextmanager
     def evaluating(self, seq: int, cache, tokens: list[int], should_stop=None, on_wait=None, generates: bool = True):
@@ -286,20 +293,20 @@ class PromptFills:
         conversation: its cells would sit beside the other's fill, which attends over every cell in use).
         generates: a token's pass follows this fill (a generation's; a warm-up's prefill has none)."""
         with self.lock:
-            best, best_cache, best_want, best_generates = None, None, [], False
-            best_n = common_prefix(list(cache.tokens), tokens) + self.SHARE_MIN - 1
-            for other_seq, (want, other, other_generates) in self.filling.items():
-                n = common_prefix(want, tokens)
+            best, best_n = None, common_prefix(list(cache.tokens), tokens) + self.SHARE_MIN - 1
+            for other_seq, fill in self.filling.items():
+                n = common_prefix(fill.tokens, tokens)
                 if n > best_n:
-                    best, best_n, best_cache, best_want, best_generates = other_seq, n, other, want, other_generates
-            self.filling[seq] = (tokens, cache, generates)
+                    best, best_n = (other_seq, fill), n
+            self.filling[seq] = _Fill(tokens, cache, generates)
         try:
             if best is not None:  # it may finish at any moment from here: its cache was taken under the lock
+                other_seq, fill = best
                 if on_wait is not None:
                     on_wait()
-                self._wait(best, best_cache, tokens, best_n, should_stop)
-                if best_generates:  # a warm-up's fill is never followed by a token: nothing to wait for
-                    self._first_token(best_cache, len(best_want), should_stop)
+                self._wait(other_seq, fill.cache, tokens, best_n, should_stop)
+                if fill.generates:  # a warm-up's fill is never followed by a token: nothing to wait for
+                    self._first_token(fill.cache, len(fill.tokens), should_stop)
             yield
         finally:
             with self.lock:
