@@ -70,6 +70,52 @@ def test_a_jump_moves_the_window_in_one_step_and_keeps_it_while_it_fits(fim_engi
     assert b"".join(m.piece(t) for t in far[suf + 1:mid]).endswith(b"\n")  # cut at a line end
 
 
+def test_the_suffix_follows_the_prompt_speed_and_holds_while_the_anchor_does(fim_engine):
+    from localspec.fim_windows import SUFFIX_MAX, SUFFIX_MIN
+    m = fim_engine.target_model
+    long_file = [f"    x = {i}" for i in range(400)]
+
+    def at(y):
+        return {"input_prefix": "\n".join(long_file[:y]) + "\n", "prompt": "",
+                "input_suffix": "\n" + "\n".join(long_file[y + 1:y + 65]) + "\n"}
+
+    def suffix_len(toks):
+        f = m.fim_tokens()
+        return toks.index(f["mid"]) - toks.index(f["suf"]) - 1
+
+    w = EditorWindows(m, FimBudget(prefix=64))
+    assert SUFFIX_MAX - 24 < suffix_len(local(w, at(100))[0]) <= SUFFIX_MAX  # not measured yet: the most
+    w.observe(200, 2.5)  # a slow machine: 80 prompt tokens a second
+    typing, _ = local(w, at(101))  # the same anchor: its suffix stays as it was cut
+    assert SUFFIX_MAX - 24 < suffix_len(typing) <= SUFFIX_MAX
+    jump, _ = local(w, at(300))  # another area: the suffix is evaluated anyway, cut to the slow budget
+    assert SUFFIX_MIN - 24 < suffix_len(jump) <= SUFFIX_MIN
+    w.observe(2000, 1.0)  # the machine got faster (a long evaluation at 2,000 tokens a second)
+    assert suffix_len(local(w, at(301))[0]) == suffix_len(jump)
+    assert SUFFIX_MAX - 24 < suffix_len(local(w, at(50))[0]) <= SUFFIX_MAX
+
+
+def test_a_half_evaluated_new_extra_context_does_not_cost_the_local_context(fim_engine):
+    """An editor's warm-up for new extra context, interrupted by the completion after it, leaves the new set
+    partly cached: more of it cached than of the set in use, but all of the local context still to evaluate
+    (measured with llama.vim: 370 tokens, 5 s, to type a word). The set that leaves least to do wins."""
+    w = EditorWindows(fim_engine.target_model, FimBudget(**{**BUDGET.__dict__, "extra": 1024}))
+    old = [{"filename": "a.py", "text": "import the data\n"}]
+    new = old + [{"filename": "b.py", "text": "def parse the csv file\n" * 30}]
+    in_use, _ = w.completion_prompt(around(20), old, lambda toks: 0)  # evaluated by the first completion
+    partly_new = w.head(new)[:-2]  # the interrupted warm-up's part (more tokens than the old set and its local)
+    assert len(partly_new) > len(in_use)
+
+    def cached(toks):
+        return max(common_prefix(toks, in_use), common_prefix(toks, partly_new))
+
+    prompt, _ = w.completion_prompt(around(20, "    the"), new, cached)
+    assert prompt[:len(w.head(new))] != w.head(new) and cached(prompt) >= len(in_use) - 1  # the old set
+    whole_new = w.head(new) + w.last_local  # the warm-up finished (new set and local context): it is used
+    prompt, _ = w.completion_prompt(around(20, "    the"), new, lambda toks: max(cached(toks), common_prefix(toks, whole_new)))
+    assert prompt[:len(w.head(new))] == w.head(new)
+
+
 def test_the_cached_extra_context_serves_until_the_new_one_is_warm(fim_engine):
     e = fim_engine
     e.prompt_cache = PromptCache(e.target)

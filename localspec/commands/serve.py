@@ -80,7 +80,7 @@ def cmd_serve(args) -> int:
 
 
 def add_editor_args(p) -> None:
-    from ..fim_windows import FimBudget
+    from ..fim_windows import PREFIX_MAX, PREFIX_MIN, PREFIX_S, SUFFIX_MAX, SUFFIX_MIN, SUFFIX_S, FimBudget
 
     d = FimBudget()
     g = p.add_argument_group("editors (/infill)")
@@ -88,9 +88,11 @@ def add_editor_args(p) -> None:
                    help="editor (default): windows that let typing reuse the cached prompt; llama-server: its "
                         "format_infill windows (the last 1,536 prefix tokens, the suffix after the typed text)")
     g.add_argument("--fim-prefix", type=nonneg_int, default=d.prefix, metavar="N",
-                   help="prefix tokens before the anchor (default 0: about 8 s of this machine's prompt speed, "
-                        "256 to 1,536)")
-    g.add_argument("--fim-suffix", type=nonneg_int, default=d.suffix, metavar="N", help=f"suffix tokens (default {d.suffix})")
+                   help=f"prefix tokens before the anchor (default 0: about {PREFIX_S:g} s of this machine's "
+                        f"prompt speed, {PREFIX_MIN} to {PREFIX_MAX:,})")
+    g.add_argument("--fim-suffix", type=nonneg_int, default=d.suffix, metavar="N",
+                   help=f"suffix tokens (default 0: about {SUFFIX_S:g} s of this machine's prompt speed, "
+                        f"{SUFFIX_MIN} to {SUFFIX_MAX})")
     g.add_argument("--fim-extra", type=nonneg_int, default=d.extra, metavar="N",
                    help=f"tokens of the editor's extra context (other files) (default {d.extra})")
     g.add_argument("--cache-ram", type=nonneg_int, default=2048, metavar="MIB",
