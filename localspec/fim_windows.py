@@ -74,18 +74,18 @@ class EditorWindows:
         return self.model.tokenize(text, add_special=False, parse_special=False) if text else []
 
     def prefix_budget(self) -> int:
-        if self.budget.prefix:
-            return self.budget.prefix
-        if not self.prompt_tps:
-            return PREFIX_UNMEASURED
-        return int(min(PREFIX_MAX, max(PREFIX_MIN, self.prompt_tps * PREFIX_S)))
+        return self._sized(self.budget.prefix, PREFIX_S, PREFIX_MIN, PREFIX_MAX, PREFIX_UNMEASURED)
 
     def suffix_budget(self) -> int:
-        if self.budget.suffix:
-            return self.budget.suffix
+        return self._sized(self.budget.suffix, SUFFIX_S, SUFFIX_MIN, SUFFIX_MAX, SUFFIX_MAX)
+
+    def _sized(self, given: int, seconds: float, least: int, most: int, unmeasured: int) -> int:
+        """`given` tokens when set, else about `seconds` of the measured prompt speed within [least, most]."""
+        if given:
+            return given
         if not self.prompt_tps:
-            return SUFFIX_MAX
-        return int(min(SUFFIX_MAX, max(SUFFIX_MIN, self.prompt_tps * SUFFIX_S)))
+            return unmeasured
+        return int(min(most, max(least, self.prompt_tps * seconds)))
 
     def observe(self, tokens: int, seconds: float) -> None:
         """A prompt evaluation's speed (only long ones say anything about it)."""
