@@ -191,6 +191,8 @@ def test_log_requests_timing_line_is_whole():
         "localspec serve: lane 1: waited 0.00 s · prompt 40 new tokens (18694 cached, restored) in 6.40 s "
         "(6.2 tok/s) · 25 tokens in 5.00 s (5.0 tok/s, 9/12 drafts accepted) · 2 threads (1 changes) · eos\n")
     assert "(0 cached) in 0.00 s (-)" in timing_line(Stats(stop_reason="length"), 0, 0.0)
+    gave_way = Stats(prompt_tokens=1348, prompt_eval_tokens=64, prompt_eval_s=0.8, stop_reason="length")
+    assert "prompt 64 new tokens (the rest deferred) in 0.80 s" in timing_line(gave_way, 2, 0.0, deferred=True)
 
 
 def test_timings_count_as_llama_server_does():

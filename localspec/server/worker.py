@@ -306,7 +306,8 @@ class ServerSession:
             return
         job.emit(("done", stats))
         if self.log_requests:
-            sys.stderr.write(timing_line(stats, lane.seq, t_start - job.queued_at))
+            deferred = cfg.max_tokens == 0 and self.idle_prompt is prompt  # a warm-up a request interrupted
+            sys.stderr.write(timing_line(stats, lane.seq, t_start - job.queued_at, deferred))
             sys.stderr.flush()
         if engine.prompt_cache is not None:  # after the answer (its client need not wait); a prompt whose
             engine.prompt_cache.persist(stats.prompt_eval_tokens, lane.target)  # client gave up: for its retry
@@ -349,15 +350,16 @@ def live_figures(stats: Stats, t_call: float) -> Stats:
     return now
 
 
-def timing_line(st: Stats, lane: int, waited_s: float) -> str:
-    """`serve --log-requests`: one answer's figures, as llama-server's timing lines give them."""
+def timing_line(st: Stats, lane: int, waited_s: float, deferred: bool = False) -> str:
+    """`serve --log-requests`: one answer's figures, as llama-server's timing lines give them. `deferred`:
+    a warm-up that gave way to a request, the rest of its prompt left for idle time (not cached)."""
     def rate(n, s):
         return f"{n / s:.1f} tok/s" if s > 0 else "-"
-    cached = st.prompt_tokens - st.prompt_eval_tokens
+    cached = "the rest deferred" if deferred else f"{st.prompt_tokens - st.prompt_eval_tokens} cached"
     drafts = f", {st.accepted}/{st.drafted} drafts accepted" if st.drafted else ""
     changes = f" ({len(st.thread_changes)} changes)" if st.thread_changes else ""
     threads = f" · {st.threads} threads{changes}" if st.threads else ""
     return (f"localspec serve: lane {lane}: waited {waited_s:.2f} s · prompt {st.prompt_eval_tokens} new tokens "
-            f"({cached} cached{', restored' if st.cache_restored else ''}) in {st.prompt_eval_s:.2f} s "
+            f"({cached}{', restored' if st.cache_restored else ''}) in {st.prompt_eval_s:.2f} s "
             f"({rate(st.prompt_eval_tokens, st.prompt_eval_s)}) · {st.tokens} tokens in {st.generation_s:.2f} s "
             f"({rate(st.tokens, st.generation_s)}{drafts}){threads} · {st.stop_reason}\n")
