@@ -128,7 +128,7 @@ class EditorWindows:
         return anchor, middle
 
     def _remember(self, anchor: str) -> None:
-        if not self.anchors or anchor != self.anchors[-1] or not self.anchor_suffix:
+        if not self.anchor_suffix or anchor != self.anchors[-1]:
             self.anchor_suffix = self.suffix_budget()  # another area: its suffix is evaluated anyway
         if anchor in self.anchors:
             self.anchors.remove(anchor)
@@ -145,7 +145,7 @@ class EditorWindows:
         return _fit_from_end(prefix, budget * 3 // 4, self.tok)
 
     def _suffix(self, suffix: str) -> list[int]:
-        end = _fit_from_start(suffix, self.anchor_suffix or self.suffix_budget(), self.tok)
+        end = _fit_from_start(suffix, self.anchor_suffix, self.tok)  # set by _anchor, which local() calls first
         return self.tok(suffix[:end])
 
     # --- the extra context ----------------------------------------------------------------------

@@ -306,7 +306,7 @@ class ServerSession:
             return
         job.emit(("done", stats))
         if self.log_requests:
-            deferred = cfg.max_tokens == 0 and self.idle_prompt is prompt  # a warm-up a request interrupted
+            deferred = self.idle_prompt is prompt  # a warm-up a request interrupted (_generate kept it)
             sys.stderr.write(timing_line(stats, lane.seq, t_start - job.queued_at, deferred))
             sys.stderr.flush()
         if engine.prompt_cache is not None:  # after the answer (its client need not wait); a prompt whose
