@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from . import __version__, paths
-from .machine import memory_bytes
+from .machine import AMX_NOTE, memory_bytes
 
 REINSTALL_TAIL = "pip install --force-reinstall --no-cache-dir llama-cpp-python"
 REINSTALL_COMMANDS = {
@@ -157,6 +157,10 @@ def advice(report: dict[str, Any]) -> list[str]:
             if hw not in build["backends"]:
                 out.append(f"a {hw.upper()} GPU is visible but this llama.cpp build has no {hw} backend: "
                            f"{REINSTALL_COMMANDS[hw]}")
+        from .backend.model import amx_kernel_avoided
+
+        if amx_kernel_avoided():
+            out.append(AMX_NOTE)
     pair = report["default_pair"]
     for f in pair.get("files", []):
         if f["state"] == "missing":

@@ -16,6 +16,7 @@ from typing import Callable
 
 from .config import GenConfig, LoadConfig
 from .errors import ConfigError
+from .machine import AMX_NOTE
 from .models import PairSpec
 
 Notify = Callable[[str], None]
@@ -181,12 +182,17 @@ def follow_recent_load(engine) -> None:
 
 def load_notes(models: ModelChoice) -> list[str]:
     from .backend import system_info
+    from .backend.model import amx_kernel_avoided
 
+    notes = []
     asked = [f"{flag} {n}" for flag, n in (("-ngl", models.n_gpu_layers), ("-ngld", models.n_gpu_layers_draft)) if n]
     if asked and not system_info()["gpu_offload"]:
-        return [f"{' '.join(asked)}: this llama-cpp-python has no GPU backend, so everything runs on the "
-                "CPU (`localspec doctor` prints the command that builds it for your GPU)"]
-    return []
+        notes.append(f"{' '.join(asked)}: this llama-cpp-python has no GPU backend, so everything runs on the "
+                     "CPU (`localspec doctor` prints the command that builds it for your GPU)")
+    if amx_kernel_avoided():
+        notes.append(AMX_NOTE)
+    return notes
+
 
 
 def open_engine(sel: Selection, load: LoadConfig):

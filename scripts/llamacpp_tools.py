@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import importlib.metadata
 import os
+import shlex
 import shutil
 import subprocess
 import sys
@@ -14,6 +15,8 @@ import tempfile
 import time
 import urllib.request
 from pathlib import Path
+
+from localspec.machine import llama_cmake_args  # llama.cpp built as localspec's own is (no AMX kernel where it crashes)
 
 CACHE = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "localspec"
 BACKEND_FLAGS = {"cpu": [], "cuda": ["-DGGML_CUDA=ON"], "vulkan": ["-DGGML_VULKAN=ON"], "metal": ["-DGGML_METAL=ON"]}
@@ -41,7 +44,8 @@ def build(target: str, backend: str = "cpu") -> Path:
         shutil.rmtree(tmp, ignore_errors=True)
     print(f"building {target} ({backend}) once; several minutes", file=sys.stderr)
     subprocess.run(["cmake", "-B", "build", "-DCMAKE_BUILD_TYPE=Release", "-DLLAMA_CURL=OFF", "-DLLAMA_BUILD_TESTS=OFF",
-                    *BACKEND_FLAGS[backend]], cwd=out, check=True, stdout=subprocess.DEVNULL)
+                    *BACKEND_FLAGS[backend], *shlex.split(llama_cmake_args())], cwd=out, check=True,
+                   stdout=subprocess.DEVNULL)
     subprocess.run(["cmake", "--build", "build", "--target", target, "-j", str(os.cpu_count() or 2)],
                    cwd=out, check=True, stdout=subprocess.DEVNULL)
     return binary

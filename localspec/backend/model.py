@@ -12,6 +12,7 @@ import numpy as np
 
 from ..compat import VocabInfo
 from ..errors import ModelLoadError
+from ..machine import amx_build_at_risk
 from ..models.gguf_header import check_model_file
 
 _init_lock = threading.Lock()
@@ -62,6 +63,8 @@ class Model:
             params.use_mmap = mmap
         if rpc_servers:
             add_rpc_servers(rpc_servers)
+        if amx_kernel_avoided():  # its weights would go to llama.cpp's AMX kernel, which crashes (machine.py)
+            params.use_extra_bufts = False
         releaser = MappedPageReleaser(self.path) if mmap else None
         if releaser is not None and releaser.supported:
             params.progress_callback = releaser.callback
@@ -195,6 +198,14 @@ def add_rpc_servers(servers: str) -> None:
                 raise ModelLoadError(f"could not reach the llama.cpp rpc-server at {endpoint}; is `rpc-server` running there?")
             g.ggml_backend_register(dev_reg)
             _rpc_added.add(endpoint)
+
+
+def amx_kernel_avoided() -> bool:
+    """Load models without llama.cpp's extra weight layouts (its AMX kernel among them) because this build
+    would run the AMX kernel on this CPU? (LOCALSPEC_AMX=1 keeps them, for a build where it works.)"""
+    if os.environ.get("LOCALSPEC_AMX") == "1":
+        return False
+    return amx_build_at_risk(system_info()["system_info"])
 
 
 def system_info() -> dict:

@@ -1,0 +1,69 @@
+"""This machine's facts and the llama.cpp builds made for it: llama.cpp's AMX kernel crashes on AMX CPUs
+(a general protection fault on the first prompt, seen on a Xeon with GCC 12), so builds leave it out and a
+build that has it loads models without it, saying so."""
+
+from __future__ import annotations
+
+import llama_cpp
+
+from localspec import machine
+from localspec.backend import model as backend_model
+from localspec.session import ModelChoice, load_notes
+
+AMX_BUILD = "CPU : AVX512 = 1 | AVX512_VNNI = 1 | AMX_INT8 = 1 | OPENMP = 1 | REPACK = 1 |"
+PLAIN_BUILD = "CPU : AVX512 = 1 | AVX512_VNNI = 1 | OPENMP = 1 | REPACK = 1 |"
+
+
+def test_llama_cpp_is_built_without_the_amx_kernel_on_an_amx_cpu_unless_the_user_chose(monkeypatch):
+    monkeypatch.setattr(machine, "has_amx", lambda: True)
+    assert machine.llama_cmake_args("") == machine.NO_AMX_CMAKE_ARGS
+    assert machine.llama_cmake_args("-DGGML_CUDA=on") == f"-DGGML_CUDA=on {machine.NO_AMX_CMAKE_ARGS}"
+    assert machine.llama_cmake_args("-DGGML_AMX_INT8=ON") == "-DGGML_AMX_INT8=ON"  # the user's own choice
+    assert machine.llama_cmake_args("-DCMAKE_CXX_FLAGS=-O3") == "-DCMAKE_CXX_FLAGS=-O3"  # would be overridden
+    assert machine.amx_build_at_risk(AMX_BUILD) and not machine.amx_build_at_risk(PLAIN_BUILD)
+    monkeypatch.setattr(machine, "has_amx", lambda: False)
+    assert machine.llama_cmake_args("-DGGML_CUDA=on") == "-DGGML_CUDA=on"
+    assert not machine.amx_build_at_risk(AMX_BUILD)
+
+
+def _loads_seen(monkeypatch) -> list[bool]:
+    """use_extra_bufts of each model load (the real load runs)."""
+    seen, real = [], llama_cpp.llama_model_load_from_file
+
+    def load(path, params):
+        seen.append(bool(params.use_extra_bufts))
+        return real(path, params)
+    monkeypatch.setattr(llama_cpp, "llama_model_load_from_file", load)
+    return seen
+
+
+def test_a_build_with_the_amx_kernel_loads_models_without_it_and_says_how_to_rebuild(monkeypatch, tiny):
+    monkeypatch.setattr(machine, "has_amx", lambda: True)
+    monkeypatch.setattr(backend_model, "system_info", lambda: {"system_info": AMX_BUILD, "gpu_offload": False})
+    monkeypatch.delenv("LOCALSPEC_AMX", raising=False)
+    seen = _loads_seen(monkeypatch)
+    m = backend_model.Model(tiny.target)
+    assert m.tokenize("hello") and seen == [False]
+    assert load_notes(ModelChoice()) == [machine.AMX_NOTE]
+    assert machine.NO_AMX_CMAKE_ARGS in machine.AMX_NOTE
+    monkeypatch.setenv("LOCALSPEC_AMX", "1")  # a build whose AMX kernel works: the user keeps it
+    backend_model.Model(tiny.target)
+    assert seen == [False, True] and load_notes(ModelChoice()) == []
+
+
+def test_a_build_without_the_amx_kernel_loads_as_llama_cpp_does(monkeypatch, tiny):
+    monkeypatch.setattr(machine, "has_amx", lambda: True)
+    monkeypatch.setattr(backend_model, "system_info", lambda: {"system_info": PLAIN_BUILD, "gpu_offload": False})
+    seen = _loads_seen(monkeypatch)
+    backend_model.Model(tiny.target)
+    assert seen == [True] and load_notes(ModelChoice()) == []
+
+
+def test_the_doctor_names_the_rebuild(monkeypatch, cli):
+    import json
+
+    monkeypatch.setattr(machine, "has_amx", lambda: True)
+    monkeypatch.setattr(backend_model, "system_info", lambda: {"system_info": AMX_BUILD, "gpu_offload": False})
+    monkeypatch.delenv("LOCALSPEC_AMX", raising=False)
+    code, out, err = cli("doctor", "--json")
+    assert (code, err) == (0, "") and machine.AMX_NOTE in json.loads(out)["advice"]
