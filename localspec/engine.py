@@ -16,6 +16,7 @@ from typing import Callable, Iterator, TypeVar
 
 import numpy as np
 
+from .attention import cpu_kernel
 from .backend import Context, GrammarSampler, Model, system_info
 from .batching import Batcher, PromptFills, SeqView
 from .chat_format import render_prompt
@@ -134,7 +135,7 @@ class Engine:
         self.draft_model: Model | None = None
         self.draft_ctx: Context | None = None
         self._draft_lock = threading.Lock()
-        self.flash_attn = self.flash_attn_in_use(load)
+        self.flash_attn = self.flash_attn_in_use(load, self.target_model)
         self.target = Context(self.target_model, load.n_ctx, load.n_batch, load.n_threads, load.n_threads_batch,
                               n_seq=max(1, load.n_parallel), flash_attn=self.flash_attn)
         self.target.pad_verify = self.pads_verify(load)
@@ -179,13 +180,16 @@ class Engine:
         return cls.on_gpu(load)
 
     @classmethod
-    def flash_attn_in_use(cls, load: LoadConfig) -> str:
+    def flash_attn_in_use(cls, load: LoadConfig, model: Model | None = None) -> str:
         """llama.cpp's flash attention as this load runs it: what was asked for, or for "auto" llama.cpp's
-        own choice on a GPU and "off" on a CPU, where llama.cpp's auto picks the kernel that is slower from
-        a few hundred tokens deep (docs/BENCHMARKS.md, "Flash attention on a CPU")."""
+        own choice on a GPU and on a CPU the kernel that decodes `model` faster there, measured once
+        (attention.py; "off" without a model: on some CPUs llama.cpp's kernel is the slower one from a few
+        hundred tokens deep, docs/BENCHMARKS.md, "Flash attention on a CPU")."""
         if load.flash_attn != "auto":
             return load.flash_attn
-        return "auto" if cls.on_gpu(load) else "off"
+        if cls.on_gpu(load):
+            return "auto"
+        return cpu_kernel(model, load.n_threads, load.n_threads_batch) if model is not None else "off"
 
     def _expected_pass_s(self, n_tokens: int) -> float | None:
         """What a target pass over n tokens should cost on a quiet machine (the measured profile)."""

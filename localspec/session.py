@@ -194,7 +194,6 @@ def load_notes(models: ModelChoice) -> list[str]:
     return notes
 
 
-
 def open_engine(sel: Selection, load: LoadConfig):
     """The target loads now; the draft model when a round first drafts with it (never for --no-spec,
     --drafter ngram, or auto on a machine where the model draft cannot pay). The pair's compatibility

@@ -67,3 +67,24 @@ def test_the_doctor_names_the_rebuild(monkeypatch, cli):
     monkeypatch.delenv("LOCALSPEC_AMX", raising=False)
     code, out, err = cli("doctor", "--json")
     assert (code, err) == (0, "") and machine.AMX_NOTE in json.loads(out)["advice"]
+
+
+def test_the_cpu_attention_kernel_is_the_one_that_decodes_faster_measured_once(monkeypatch, tiny):
+    from localspec import attention
+
+    model = backend_model.Model(tiny.target)
+    assert attention.cpu_kernel(model, 2, 2) == "off"  # a tiny model: nothing to measure, the plain kernel
+    ms = attention.decode_ms(model, 2, 2)  # the real measurement, on the tiny model
+    assert set(ms) == {"off", "on"} and all(v > 0 for v in ms.values())
+
+    monkeypatch.setattr(attention, "MIN_PARAMS", 0)
+    monkeypatch.setattr(attention, "decode_ms", lambda *a: {"off": 10.0, "on": 9.95})  # level: plain
+    assert attention.cpu_kernel(model, 2, 2) == "off"
+    monkeypatch.setattr(attention, "decode_ms", lambda *a: {"off": 10.0, "on": 9.5})
+    assert attention.cpu_kernel(model, 2, 2) == "off"  # stored: not measured again
+    assert attention.cpu_kernel(model, 1, 1) == "on"  # another thread count is measured anew
+    monkeypatch.setattr(attention, "decode_ms", lambda *a: (_ for _ in ()).throw(AssertionError("measured")))
+    assert attention.cpu_kernel(model, 1, 1) == "on"
+    attention._path(model, 1).write_text("{not json")  # a corrupt file is measured again, then replaced
+    monkeypatch.setattr(attention, "decode_ms", lambda *a: {"off": 10.0, "on": 11.0})
+    assert attention.cpu_kernel(model, 1, 1) == "off" and attention.cpu_kernel(model, 1, 1) == "off"
