@@ -9,7 +9,9 @@ pass is only paid where drafts are being accepted, which is where the lead is la
 with nothing to draft is where llama-server is matched or not. So: flash attention when it decodes
 faster at a short chat's depth (the difference is largest there: 64 deep, 20 decodes each, ~3.5 s on
 the first load), the plain kernel otherwise. A CPU whose flash attention decodes faster but verifies
-long passes much slower would lose part of its lead on edits; `-fa off` keeps the plain kernel.
+long passes much slower would lose part of its lead on edits, and deep contexts pay (the Xeon, 4,096
+deep: a decode 9% slower with flash attention, llama-server's own kernel there); `-fa off` keeps the
+plain kernel.
 """
 
 from __future__ import annotations

@@ -32,9 +32,9 @@ def add_model_args(p: argparse.ArgumentParser, positional_pair: bool = False) ->
                         "releasing the mapped pages as they load)")
     g.add_argument("--mmap", dest="mmap", action="store_true", help=argparse.SUPPRESS)  # the default; kept for old scripts
     g.add_argument("-fa", "--flash-attn", choices=["on", "off", "auto"], default=None,
-                   help="llama.cpp's flash attention, like its -fa (default auto: llama.cpp's choice on a GPU, off "
-                        "on a CPU, where llama.cpp's kernel measured slower from ~1,000 tokens deep; off costs a "
-                        "bigger compute buffer: see README, Serve)")
+                   help="llama.cpp's flash attention, like its -fa (default auto: llama.cpp's choice on a GPU; on "
+                        "a CPU the kernel that decodes the model faster, measured once; off costs a bigger "
+                        "compute buffer: see README, Serve)")
 
 
 def add_gen_args(p: argparse.ArgumentParser, unlimited: bool = False) -> None:
