@@ -58,8 +58,12 @@ def _bucket(source: str, match_len: int, origin: str = "", resync: bool = False)
 class AdaptivePolicy:
     # before any evidence (n-gram: the longer the match, the higher). A prediction starts where a
     # one-token draft just pays on a CPU (T_verify(2) = 1.56 decodes): a wrong one costs little, a
-    # right one earns long drafts within a few rounds (its unverified proposals are scored too)
-    PRIOR = {"model": 0.7, "ngram": 0.5, "prediction": 0.75, "resync": 0.75}
+    # right one earns long drafts within a few rounds (its unverified proposals are scored too). An n-gram
+    # starts low: where a 4-token pass costs 1.7 decodes (a Xeon) a 3-token draft paid at 0.5, and chat
+    # answers, whose n-grams hold ~20% of the time, drafted 51 tokens to keep 10 (3 answers, each policy
+    # learning anew); at 0.35 they drafted 21, while a copy's shadow proposals earn its drafts within a
+    # few rounds (edits 3.30x llama-server, 3.25x at 0.5; docs/BENCHMARKS.md, "A second CPU")
+    PRIOR = {"model": 0.7, "ngram": 0.35, "prediction": 0.75, "resync": 0.75}
     # Acceptance is a count of outcomes, hits and misses, older ones fading (DECAY per new outcome:
     # about the last 100 tokens count), started from PRIOR_WEIGHT pseudo-outcomes at the prior. A
     # running average that moved 10% toward each outcome read a copy that held for 40 tokens as
