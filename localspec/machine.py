@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import sys
+from functools import cache
 
 # llama.cpp's AMX kernel (Intel Xeons since Sapphire Rapids) loads a tile configuration that GCC compiles
 # into garbage: the process dies of a general protection fault on its first prompt (llama.cpp PR 26954;
@@ -31,6 +32,7 @@ def memory_bytes() -> dict[str, int | None]:
     return {"total": total, "available": available}
 
 
+@cache  # read at every model load and note: the CPU does not change under a process
 def has_amx() -> bool:
     """Does this CPU have AMX (the instructions llama.cpp's AMX kernel uses)? Linux only (elsewhere: no)."""
     try:
