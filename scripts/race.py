@@ -126,7 +126,10 @@ class Entrant:
                 "e2e_tps": n / wall if wall else 0.0, "decode_tps": t.get("predicted_per_second", 0.0),
                 "prompt_n": t.get("prompt_n"), "draft_n": t.get("draft_n", 0),
                 "draft_n_accepted": t.get("draft_n_accepted", 0),
-                "accepted_prediction_tokens": usage.get("completion_tokens_details", {}).get("accepted_prediction_tokens")}
+                "accepted_prediction_tokens": usage.get("completion_tokens_details", {}).get("accepted_prediction_tokens"),
+                "prompt_ms": t.get("prompt_ms"),
+                # localspec's thread governor: a change during a quiet race would be its own doing
+                "thread_changes": out.get("localspec", {}).get("stats", {}).get("thread_changes")}
 
 
 def wait_quiet(servers: list[Entrant], quiet_s: float, gap_s: float, limit_s: float = 120) -> None:
