@@ -126,16 +126,17 @@ class Engine:
     """A loaded target (and optional draft model), ready to generate."""
 
     def __init__(self, target_path: str | Path, draft_path: str | Path | None = None,
-                 load: LoadConfig | None = None, profile=None, lazy_draft: bool = False):
+                 load: LoadConfig | None = None, profile=None, lazy_draft: bool = False, notify=None):
         """lazy_draft: load the draft model only when a round first drafts with it (the caller has
-        checked the pair's compatibility already, from the GGUF headers); otherwise load it now."""
+        checked the pair's compatibility already, from the GGUF headers); otherwise load it now.
+        notify(message): where a slow first-load measurement is announced."""
         self.load = load = load or LoadConfig()
         self.target_model = Model(target_path, load.n_gpu_layers_target, load.rpc_servers, mmap=load.mmap)
         self.draft_path = Path(draft_path) if draft_path else None
         self.draft_model: Model | None = None
         self.draft_ctx: Context | None = None
         self._draft_lock = threading.Lock()
-        self.flash_attn = self.flash_attn_in_use(load, self.target_model)
+        self.flash_attn = self.flash_attn_in_use(load, self.target_model, notify)
         self.target = Context(self.target_model, load.n_ctx, load.n_batch, load.n_threads, load.n_threads_batch,
                               n_seq=max(1, load.n_parallel), flash_attn=self.flash_attn)
         self.target.pad_verify = self.pads_verify(load)
@@ -180,7 +181,7 @@ class Engine:
         return cls.on_gpu(load)
 
     @classmethod
-    def flash_attn_in_use(cls, load: LoadConfig, model: Model | None = None) -> str:
+    def flash_attn_in_use(cls, load: LoadConfig, model: Model | None = None, notify=None) -> str:
         """llama.cpp's flash attention as this load runs it: what was asked for, or for "auto" llama.cpp's
         own choice on a GPU and on a CPU the kernel that decodes `model` faster there, measured once
         (attention.py; "off" without a model: on some CPUs llama.cpp's kernel is the slower one from a few
@@ -189,7 +190,7 @@ class Engine:
             return load.flash_attn
         if cls.on_gpu(load):
             return "auto"
-        return cpu_kernel(model, load.n_threads, load.n_threads_batch) if model is not None else "off"
+        return cpu_kernel(model, load.n_threads, load.n_threads_batch, notify) if model is not None else "off"
 
     def _expected_pass_s(self, n_tokens: int) -> float | None:
         """What a target pass over n tokens should cost on a quiet machine (the measured profile)."""

@@ -194,7 +194,7 @@ def load_notes(models: ModelChoice) -> list[str]:
     return notes
 
 
-def open_engine(sel: Selection, load: LoadConfig):
+def open_engine(sel: Selection, load: LoadConfig, notify: Notify | None = None):
     """The target loads now; the draft model when a round first drafts with it (never for --no-spec,
     --drafter ngram, or auto on a machine where the model draft cannot pay). The pair's compatibility
     is checked now, from the GGUF headers, so a wrong draft is still one clear error up front."""
@@ -203,7 +203,7 @@ def open_engine(sel: Selection, load: LoadConfig):
 
     if sel.draft:
         check_pair(Path(sel.target), Path(sel.draft))
-    return Engine(sel.target, sel.draft, load, lazy_draft=True)
+    return Engine(sel.target, sel.draft, load, lazy_draft=True, notify=notify)
 
 
 def ensure_profile(engine, spec: str = "auto", notify: Notify | None = None, remeasure: bool = False,
@@ -237,15 +237,16 @@ class Session:
 
     @classmethod
     def open(cls, models: ModelChoice, gen: GenChoice, notify: Notify | None = None) -> "Session":
-        return cls.from_selection(select_models(models, notify), models, gen)
+        return cls.from_selection(select_models(models, notify), models, gen, notify)
 
     @classmethod
-    def from_selection(cls, sel: Selection, models: ModelChoice, gen: GenChoice) -> "Session":
+    def from_selection(cls, sel: Selection, models: ModelChoice, gen: GenChoice,
+                       notify: Notify | None = None) -> "Session":
         cfg = gen_config(gen, sel)  # before loading: a bad setting fails fast
         load = load_config(models, sel)
         if load.mmap:  # the disk starts reading while Python imports llama.cpp and numpy (with read(), the
             prefetch(sel.target)  # two streams would only compete: measured 5.2 s vs 3.9 s cold)
-        engine = open_engine(sel, load)
+        engine = open_engine(sel, load, notify)
         follow_recent_load(engine)
         return cls(sel, cfg, load, engine, gen.system, load_notes(models))
 

@@ -69,22 +69,31 @@ def test_the_doctor_names_the_rebuild(monkeypatch, cli):
     assert (code, err) == (0, "") and machine.AMX_NOTE in json.loads(out)["advice"]
 
 
-def test_the_cpu_attention_kernel_is_the_one_that_decodes_faster_measured_once(monkeypatch, tiny):
+def test_the_cpu_attention_kernel_decodes_faster_shallow_and_loses_less_deep_measured_once(monkeypatch, tiny):
     from localspec import attention
 
     model = backend_model.Model(tiny.target)
     assert attention.cpu_kernel(model, 2, 2) == "off"  # a tiny model: nothing to measure, the plain kernel
-    ms = attention.decode_ms(model, 2, 2)  # the real measurement, on the tiny model
-    assert set(ms) == {"off", "on"} and all(v > 0 for v in ms.values())
+    for ms in (attention.decode_ms(model, 2, 2), attention.pass_ms(model, 2, 2)):  # the real measurements
+        assert set(ms) == {"off", "on"} and all(v > 0 for v in ms.values())
 
+    def measured(decode, deep=None):
+        monkeypatch.setattr(attention, "decode_ms", lambda *a: decode)
+        monkeypatch.setattr(attention, "pass_ms", (lambda *a: deep) if deep else
+                            lambda *a: (_ for _ in ()).throw(AssertionError("deep passes measured")))
+
+    said = []
     monkeypatch.setattr(attention, "MIN_PARAMS", 0)
-    monkeypatch.setattr(attention, "decode_ms", lambda *a: {"off": 10.0, "on": 9.95})  # level: plain
-    assert attention.cpu_kernel(model, 2, 2) == "off"
-    monkeypatch.setattr(attention, "decode_ms", lambda *a: {"off": 10.0, "on": 9.5})
+    measured({"off": 10.0, "on": 9.95})  # level decodes: the plain kernel, the deep passes not measured
+    assert attention.cpu_kernel(model, 2, 2, said.append) == "off" and said == []
+    measured({"off": 10.0, "on": 9.5}, {"off": 100.0, "on": 104.0})  # 5% faster decodes, 4% slower deep passes
     assert attention.cpu_kernel(model, 2, 2) == "off"  # stored: not measured again
-    assert attention.cpu_kernel(model, 1, 1) == "on"  # another thread count is measured anew
-    monkeypatch.setattr(attention, "decode_ms", lambda *a: (_ for _ in ()).throw(AssertionError("measured")))
-    assert attention.cpu_kernel(model, 1, 1) == "on"
+    assert attention.cpu_kernel(model, 1, 1, said.append) == "on"  # another thread count is measured anew
+    assert len(said) == 1 and "attention kernel" in said[0]
+    measured({"off": 10.0, "on": 9.8}, {"off": 100.0, "on": 105.6})  # the EPYC: 2% faster decodes, 5.6% slower deep
+    assert attention.cpu_kernel(model, 3, 3) == "off"
+    measured({"off": 10.0, "on": 9.0})  # stored choices are not measured again
+    assert (attention.cpu_kernel(model, 1, 1), attention.cpu_kernel(model, 3, 3)) == ("on", "off")
     attention._path(model, 1).write_text("{not json")  # a corrupt file is measured again, then replaced
-    monkeypatch.setattr(attention, "decode_ms", lambda *a: {"off": 10.0, "on": 11.0})
+    measured({"off": 10.0, "on": 11.0})
     assert attention.cpu_kernel(model, 1, 1) == "off" and attention.cpu_kernel(model, 1, 1) == "off"

@@ -68,7 +68,7 @@ def _open(models: ModelChoice, gen: GenChoice, note) -> Session:
     sel = s.select_models(models, notify=note)
     size = sum(Path(p).stat().st_size for p in (sel.target, sel.draft) if p and Path(p).is_file())
     note(f"loading {sel.describe()} ({size / 1e9:.2f} GB)")
-    return Session.from_selection(sel, models, gen)
+    return Session.from_selection(sel, models, gen, note)
 
 
 def load_draft_in_background(session) -> None:

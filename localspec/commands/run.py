@@ -84,7 +84,7 @@ def cmd_run(args) -> int:
             return code
     from ..engine import Message
 
-    session = Session.open(model_choice(args), gen_choice(args))
+    session = Session.open(model_choice(args), gen_choice(args), None if args.json else stderr_note)
     for note in session.notes:
         stderr_note(f"note: {note}")
     engine, cfg, sel = session.engine, session.gen, session.selection
