@@ -38,7 +38,7 @@ KERNELS = ("off", "on")
 
 def cpu_kernel(model: Model, n_threads: int, n_threads_batch: int, notify=None) -> str:
     """"on" or "off" for this model on this CPU: the stored choice, or measured now (once: ~3.5 s, and
-    ~15 s more on a CPU whose flash attention decodes faster). notify(message): the slow part is said."""
+    ~15 s more on a CPU whose flash attention decodes faster). notify(message): where that is said."""
     if model.L.llama_model_n_params(model.ptr) < MIN_PARAMS:
         return "off"
     path = _path(model, n_threads)
@@ -48,12 +48,12 @@ def cpu_kernel(model: Model, n_threads: int, n_threads_batch: int, notify=None) 
             return stored
     except (OSError, ValueError, KeyError, TypeError):
         pass  # none yet, or unreadable: measured again
+    if notify is not None:
+        notify("measuring which attention kernel runs faster on this CPU (once, 4-20 s)...")
     ms = decode_ms(model, n_threads, n_threads_batch)
     record = {"decode_ms": ms, "depth": DEPTH}
     choice = "off"
     if ms["on"] < ms["off"] * (1 - MARGIN):
-        if notify is not None:
-            notify("measuring which attention kernel verifies long drafts faster on this CPU (once, ~15 s)...")
         deep = pass_ms(model, n_threads, n_threads_batch)
         record |= {"pass_ms": deep, "pass_tokens": PASS, "pass_depth": DEEP}
         choice = "on" if deep["on"] / deep["off"] <= ms["off"] / ms["on"] else "off"
