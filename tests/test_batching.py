@@ -358,7 +358,9 @@ def test_a_quick_profile_gets_its_whole_curve_in_the_first_idle_moment_even_afte
     try:
         hi = tokens(shared, "say hi")
         lane.target.sync(hi)
-        for _ in range(5):  # a measurement whose repeats disagree (noise: sub-millisecond passes here) is dropped
+        # a measurement whose repeats disagree is dropped (noise: the tiny model's passes take under a
+        # millisecond, and on a busy shared machine five in a row disagreed once)
+        for _ in range(20):
             srv._measure_depth(lane)
             assert lane.target.tokens == hi
             if not shared.profile.extra["quick"]:
