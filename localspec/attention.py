@@ -16,19 +16,17 @@ from __future__ import annotations
 
 import hashlib
 import json
-import time
 from statistics import median
 
 from . import paths
 from .backend import Context, Model
+from .costmodel import timed_pass
 
 DEPTH = 64  # tokens in the cache while decodes are timed (a short chat; flash attention gains most there)
 DECODES = 20  # timed decodes per kernel, alternating
 MARGIN = 0.01  # flash attention must decode this much faster (measured 1.8-2.6% on the Xeon, 4 runs)
-# ... and then a verify pass deep must not lose more than the decode gains. On the EPYC flash attention
-# decodes 1-3% faster 64 deep (0.9% and 2.4% in two first loads: the decode check alone chose either),
-# but verifies a 16-token pass 5.6% slower 512 deep and 17% slower 1,024 deep (`llama-bench -fa 0,1
-# -p 16 -d 64,512,1024`), and the race's edits fell from 2.2x to 1.97x llama-server plain with it
+# ... and its deep passes lose no more than that (the EPYC's decode gain, 0.9% and 2.4% in two first
+# loads, alone chose either kernel; with flash attention its edits fell from 2.2x to 1.97x llama-server)
 DEEP = 512  # tokens in the cache while the long passes are timed (a copied file's depth, and cheap to reach)
 PASS = 16  # tokens in a timed pass (a long draft's verify)
 PASSES = 6  # timed passes per kernel, alternating
@@ -78,10 +76,7 @@ def _timed(model: Model, n_threads: int, n_threads_batch: int, depth: int, token
         times: dict[str, list[float]] = {k: [] for k in KERNELS}
         for i in range(repeats):
             for k in KERNELS if i % 2 else KERNELS[::-1]:
-                t0 = time.perf_counter()
-                ctxs[k].eval(probe, logits)
-                times[k].append(time.perf_counter() - t0)
-                ctxs[k].truncate(depth)
+                times[k].append(timed_pass(ctxs[k], probe, logits))
         return {k: round(median(v) * 1000, 3) for k, v in times.items()}
     finally:
         for ctx in ctxs.values():

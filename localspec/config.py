@@ -73,11 +73,7 @@ class LoadConfig:
     # what a real one does: 3 tokens 2.4x a decode, 4 tokens 3.2x here).
     verify_buckets: bool | None = None
     chat_template: str | None = None  # override the template stored in the GGUF
-    # llama.cpp's flash attention: "on", "off", or "auto": llama.cpp's own choice on a GPU; on a CPU flash
-    # attention where it decodes faster shallow and verifies long passes no slower deep, measured once
-    # (attention.py, Engine.flash_attn_in_use). On a
-    # 2-core AMD EPYC llama.cpp's kernel was no faster 128-512 tokens deep and slower from ~1,000 on
-    # (1,024 deep: a decode 44.7 -> 40.0 ms, a 16-token pass 506 -> 409 ms; 8,192 deep: 96 -> 82 ms,
-    # 1,319 -> 699 ms); on a 2-core Intel Xeon it decodes ~2-5% faster. It takes a smaller compute
+    # llama.cpp's flash attention: "on", "off", or "auto": llama.cpp's own choice on a GPU; on a CPU the
+    # kernel measured faster for this tool's work (attention.py says how). It takes a smaller compute
     # buffer (32k context: 303 MiB against 848 without).
     flash_attn: str = "auto"

@@ -241,7 +241,7 @@ def _sample_passes(tgt, draft, batch: list[int], sizes: list[int], rounds: int, 
     """{("t", n): [seconds, ...], ("d", 1): [...]} over `rounds` interleaved rounds, the first `warmup` dropped."""
     samples: dict[tuple[str, int], list[float]] = {}
     for r in range(rounds):
-        timed = [(("t", n), _timed_pass(tgt, batch[:n])) for n in sizes if n > 1]
+        timed = [(("t", n), timed_pass(tgt, batch[:n])) for n in sizes if n > 1]
         timed.append((("t", 1), _steady_single_s(tgt, batch[:SINGLES])))
         if draft is not None:  # a drafting round: single tokens in a row, as the draft model proposes them
             timed.append((("d", 1), statistics.mean(_timed_singles(draft, batch[:SINGLES]))))
@@ -262,7 +262,7 @@ def noisy_sizes(samples: dict) -> list:
 SINGLES = 4  # single-token passes timed in a row (plain decoding; a drafting round of k = 4)
 
 
-def _timed_pass(ctx, tokens: list[int], logits: str = "all", stop=None) -> float:
+def timed_pass(ctx, tokens: list[int], logits: str = "all", stop=None) -> float:
     """Seconds for one pass over `tokens` (all logits read back, as verification does), rolled back."""
     base = len(ctx.tokens)
     t0 = time.perf_counter()
@@ -300,7 +300,7 @@ def steady_verify(ctx, n_max: int, runs: int = 5, logits: str = "all") -> list[f
     toks = ctx.tokens[-n_max:] if base >= n_max else [0] * n_max
     out = []
     for n in range(1, n_max + 1):
-        times = [_timed_pass(ctx, toks[:n], logits) for _ in range(runs + 1)][1:]  # the first of a shape warms up
+        times = [timed_pass(ctx, toks[:n], logits) for _ in range(runs + 1)][1:]  # the first of a shape warms up
         out.append(statistics.median(times))
     ctx.truncate(base)
     return out
@@ -345,7 +345,7 @@ def measure_at_depth(ctx, n_max: int, repeats: int = 3, should_stop=None) -> lis
                 return None
             try:  # passes longer than a draft's give way inside llama_decode to a request (a decode's: 30 ms)
                 dt = _steady_single_s(ctx, toks[:SINGLES]) if n == 1 else \
-                    _timed_pass(ctx, toks[:n], stop=should_stop if n > 8 else None)
+                    timed_pass(ctx, toks[:n], stop=should_stop if n > 8 else None)
             except PassInterrupted:
                 return None
             if r:

@@ -183,10 +183,8 @@ class Engine:
     @classmethod
     def flash_attn_in_use(cls, load: LoadConfig, model: Model | None = None, notify=None) -> str:
         """llama.cpp's flash attention as this load runs it: what was asked for, or for "auto" llama.cpp's
-        own choice on a GPU and on a CPU flash attention where it decodes `model` faster shallow and verifies
-        long passes no slower deep, measured once (attention.py; "off" without a model: on some CPUs
-        llama.cpp's kernel is the slower one from a few hundred tokens deep, docs/BENCHMARKS.md, "Flash
-        attention on a CPU")."""
+        own choice on a GPU and on a CPU the kernel attention.py measures faster for `model` ("off"
+        without a model: on some CPUs flash attention is the slower one from a few hundred tokens deep)."""
         if load.flash_attn != "auto":
             return load.flash_attn
         if cls.on_gpu(load):
