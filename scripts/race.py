@@ -57,12 +57,19 @@ EDIT_FILES = [("bisect.py", "Rename the parameter `hi` to `upper` everywhere in 
 PREDICT_FILES = [("colorsys.py", "Rename the function `rgb_to_yiq` to `rgb_to_yiq_color` everywhere in this module."),
                  ("genericpath.py", "Add a one-line docstring to `_check_arg_types` saying what it checks."),
                  ("copyreg.py", "Rename the variable `_extension_registry` to `_EXTENSION_REGISTRY` everywhere.")]
+# chat and code draft little (nothing is copied): their ratios are this machine's noise around the engine's
+# plain speed, 5-15% a request between identical servers, so each has several requests to average over
 CODE = ["Write a Python function `merge_intervals(intervals)` that merges overlapping [start, end] intervals, with "
         "a docstring and type hints.",
-        "Write a Python class `LRUCache` with get and put in O(1), using collections.OrderedDict."]
+        "Write a Python class `LRUCache` with get and put in O(1), using collections.OrderedDict.",
+        "Write a Python generator `chunked(iterable, size)` that yields lists of at most `size` items, with type hints.",
+        "Write a Python function `is_palindrome(text)` that ignores case, spaces and punctuation, with doctests."]
 CHAT = ["Explain in a short paragraph what a hash table is and when to use one.",
         "Give me three tips for writing clear commit messages.",
-        "What is the difference between a process and a thread? Answer briefly."]
+        "What is the difference between a process and a thread? Answer briefly.",
+        "What does a race condition mean in programming? Give a short example.",
+        "Summarize the difference between TCP and UDP in a few sentences.",
+        "Why do people say premature optimization is the root of all evil? Answer in a paragraph."]
 QUOTE_DOCS = [("textwrap.py", "Quote, word for word, the docstring of the `TextWrapper` class, then summarize it in "
                "two sentences."),
               ("shlex.py", "Quote the first line of every method of the `shlex` class that has a docstring, each on "
@@ -247,9 +254,13 @@ def main() -> int:
             row = {"workload": w}
             for s in order:
                 wait_quiet(servers, quiet_s=1.0, gap_s=a.gap)
+                others = [(o, o.cpu_s()) for o in servers if o is not s]
                 row[s.name] = s.ask(body)
+                # CPU the other servers used meanwhile: anything but ~0 means background work shared the cores
+                row[s.name]["bystander_cpu_s"] = round(sum(o.cpu_s() - c for o, c in others), 2)
                 print(f"{w} #{i} {s.name}: {row[s.name]['tokens']} tokens, {row[s.name]['e2e_tps']:.1f} e2e, "
-                      f"{row[s.name]['decode_tps']:.1f} decode tok/s", file=sys.stderr)
+                      f"{row[s.name]['decode_tps']:.1f} decode tok/s, others' CPU meanwhile "
+                      f"{row[s.name]['bystander_cpu_s']:.2f} s", file=sys.stderr)
             if "llama" in row and "localspec" in row:
                 row["same_as_llama"] = row["localspec"]["text"] == row["llama"]["text"]
             results.append(row)
