@@ -15,7 +15,8 @@ of the version localspec runs on) into ~/.cache/localspec, never into the reposi
 Each request goes to every server in turn, the order alternating from request to request, and is sent
 only once every server has been quiet (no CPU time used) for a moment, so no server's background work
 lands on another's request. Greedy, OpenAI chat API, not streamed. Per workload and server: end-to-end
-tok/s (completion tokens / wall time of the request) and decode tok/s (the server's own `timings`), the
+tok/s (tokens generated, the end of text counted for every server as llama-server counts it, / wall time
+of the request) and decode tok/s (the server's own `timings`: steps after the first token / their time), the
 ratios to llama-server plain and --spec-default, and whether the greedy texts equal llama-server plain's.
 
 Workloads, prompts of this script's own on real files (Python's standard library of the running
@@ -129,8 +130,14 @@ class Entrant:
         t = out.get("timings", {})
         usage = out.get("usage", {})
         n = usage.get("completion_tokens") or t.get("predicted_n", 0)
+        # tokens generated, counted alike for both servers (llama-server's completion_tokens counts the
+        # end-of-text token, localspec's does not): the decode steps after the first token, plus that one
+        decode_s = t.get("predicted_ms", 0.0) / 1e3
+        steps = round(t.get("predicted_per_second", 0.0) * decode_s)
+        generated = steps + 1 if decode_s else n
         return {"text": out["choices"][0]["message"].get("content") or "", "tokens": n, "wall_s": wall,
-                "e2e_tps": n / wall if wall else 0.0, "decode_tps": t.get("predicted_per_second", 0.0),
+                "generated": generated, "steps": steps, "decode_s": decode_s,
+                "e2e_tps": generated / wall if wall else 0.0, "decode_tps": t.get("predicted_per_second", 0.0),
                 "prompt_n": t.get("prompt_n"), "draft_n": t.get("draft_n", 0),
                 "draft_n_accepted": t.get("draft_n_accepted", 0),
                 "accepted_prediction_tokens": usage.get("completion_tokens_details", {}).get("accepted_prediction_tokens"),
@@ -184,8 +191,9 @@ def summarize(results: list[dict], names: list[str]) -> list[dict]:
             if not rs:
                 continue
             toks = sum(x["tokens"] for x in rs)
-            decode_s = sum(x["tokens"] / x["decode_tps"] for x in rs if x["decode_tps"])
-            per[name] = {"e2e": toks / sum(x["wall_s"] for x in rs), "decode": toks / decode_s if decode_s else 0.0,
+            decode_s = sum(x["decode_s"] for x in rs)
+            per[name] = {"e2e": sum(x["generated"] for x in rs) / sum(x["wall_s"] for x in rs),
+                         "decode": sum(x["steps"] for x in rs) / decode_s if decode_s else 0.0,
                          "tokens": toks, "drafted": sum(x["draft_n"] for x in rs),
                          "accepted": sum(x["draft_n_accepted"] for x in rs)}
         same = [r.get("same_as_llama") for r in results if r["workload"] == w and r.get("same_as_llama") is not None]
