@@ -95,8 +95,8 @@ def pass_ms(model: Model, n_threads: int, n_threads_batch: int) -> dict[str, flo
 
 def _path(model: Model, n_threads: int):
     from .backend import system_info
-    from .tuning import _file_id
+    from .tuning import file_id
 
-    key = json.dumps({"model": _file_id(model.path), "threads": n_threads,
+    key = json.dumps({"model": file_id(model.path), "threads": n_threads,
                       "llama_cpp_python": system_info()["llama_cpp_python"]}, sort_keys=True)
     return paths.profiles_dir() / f"attention-{hashlib.sha256(key.encode()).hexdigest()[:16]}.json"

@@ -15,7 +15,8 @@ from . import paths
 from .costmodel import QUICK_SIZES, CostProfile, measure_costs, steady_verify
 
 
-def _file_id(path) -> str:
+def file_id(path) -> str:
+    """A model file's identity in stored keys (pass-cost profiles, the attention kernel's choice)."""
     st = path.stat()
     return f"{path.name}:{st.st_size}"
 
@@ -27,8 +28,8 @@ def profile_key(engine) -> str:
     info = system_info()
     device = "gpu" if info["gpu_offload"] and load.n_gpu_layers_target != 0 else "cpu"
     parts = {
-        "target": _file_id(engine.target_model.path),
-        "draft": _file_id(engine.draft_path) if engine.draft_path else None,
+        "target": file_id(engine.target_model.path),
+        "draft": file_id(engine.draft_path) if engine.draft_path else None,
         "device": device,
         "threads": load.n_threads,
         "threads_batch": load.n_threads_batch,
