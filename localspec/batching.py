@@ -60,7 +60,9 @@ class Pass:
 
     @property
     def is_prompt(self) -> bool:
-        return self.logits == "none"
+        """A prompt's pass ("none"; "last": the one whose last row gives the first token) goes in slices;
+        a round's ("all": a decode or a verify) goes whole."""
+        return self.logits != "all"
 
 
 @dataclass

@@ -17,7 +17,7 @@ from typing import Callable, Iterator, TypeVar
 import numpy as np
 
 from .attention import cpu_kernel
-from .backend import Context, GrammarSampler, Model, system_info
+from .backend import Context, GrammarSampler, Model, fill_to_answer, system_info
 from .batching import Batcher, PromptFills, SeqView
 from .chat_format import render_prompt
 from .compat import require_compatible
@@ -38,9 +38,11 @@ CANCEL_STEP = 256  # a request's own prompt: a hang-up or a newer request from i
 
 
 def speculative_decode(target: Context, drafter, policy, seq: list[int], cfg: GenConfig,
-                       stats: Stats, rng: np.random.Generator, grammar=None) -> Iterator[tuple[int, str]]:
+                       stats: Stats, rng: np.random.Generator, grammar=None,
+                       first: np.ndarray | None = None) -> Iterator[tuple[int, str]]:
     """Yield confirmed (token, source) pairs until the caller stops. `seq` is the confirmed
-    sequence (prompt + output); on entry the target's cache holds all of it but the last token.
+    sequence (prompt + output); on entry the target's cache holds all of it but the last token, or,
+    with `first` (the logits row the prompt's own pass gave its last token), all of it.
     With k = 0 a round is one plain decoding step, so the baseline runs through the same code.
     `grammar` (constraints.GrammarConstraint) limits the target's rows to what the grammar allows."""
     greedy = cfg.temperature <= 0
@@ -53,7 +55,8 @@ def speculative_decode(target: Context, drafter, policy, seq: list[int], cfg: Ge
         draft = drafter.propose(seq, room - 1, policy) if drafter and room > 1 else NO_DRAFT
         t1 = time.perf_counter()
         # 2. verify: the pending token and the whole draft in ONE target pass, logits on each row
-        logits = target.eval([seq[-1], *draft.tokens], logits="all")
+        logits = _verify(target, seq, draft.tokens, first)
+        first = None
         if cfg.logit_bias:  # constraints shape the target's distribution, never the drafts'
             logits = apply_logit_bias(logits, cfg.logit_bias)
         t2 = time.perf_counter()
@@ -74,6 +77,14 @@ def speculative_decode(target: Context, drafter, policy, seq: list[int], cfg: Ge
         stats.add_round(draft.source, len(draft.tokens), n, t1 - t0, t2 - t1, draft.origin)
         for i, tok in enumerate(out):
             yield tok, (draft.source if i < n else "target")
+
+
+def _verify(target: Context, seq: list[int], draft: list[int], first: np.ndarray | None) -> np.ndarray:
+    """The target's rows for the pending token and each draft token; the first round's pending token was
+    in the prompt's pass already (`first`), so only the draft goes in (nothing, when there is none)."""
+    if first is None:
+        return target.eval([seq[-1], *draft], logits="all")
+    return np.vstack([first[None], target.eval(draft, logits="all")]) if draft else first[None]
 
 
 def accept_sampled(draft: Draft, logits: np.ndarray, cfg: GenConfig, rng) -> tuple[int, int]:
@@ -317,14 +328,15 @@ class Engine:
         decode_before = tgt.decode_s + lane.draft_decode_s()
 
         t0 = time.perf_counter()
-        if not self._start(lane, priority, seq, stats, cancel):
+        first = self._start(lane, priority, seq, stats, cancel)
+        if first is None:
             stats.stop_reason = "cancelled"  # during the prompt
             return
         self._begin_rounds(drafter, seq, cfg, stats)
 
         grammar, heal = self._constraint(cfg)
         text = TextStream(cfg.stop, skip=heal)
-        loop = speculative_decode(tgt, drafter, policy, seq, cfg, stats, rng, grammar)
+        loop = speculative_decode(tgt, drafter, policy, seq, cfg, stats, rng, grammar, first)
         t_gen = time.perf_counter()
         try:
             for tok, src in loop:
@@ -374,19 +386,21 @@ class Engine:
         load = (lambda: self.batcher.others(lane.seq)) if self.batcher is not None else None
         return drafter, (make_policy(cfg, profile, drafter, load) if drafter else FixedK(0))
 
-    def _start(self, lane: Lane, priority: bool, seq: list[int], stats: Stats, cancel) -> bool:
-        """Join the batch (a server's lane) and bring the cache to the prompt, reusing a cached prefix;
-        False (the lane left again) when cancelled during the prompt."""
+    def _start(self, lane: Lane, priority: bool, seq: list[int], stats: Stats, cancel) -> np.ndarray | None:
+        """Join the batch (a server's lane) and bring the cache to the whole prompt, reusing a cached
+        prefix: the logits row of its last token (the first token's distribution), or None (the lane left
+        again) when cancelled during the prompt."""
         with self._shared_fill(lane, seq[:-1], cancel):
             self._enter(lane, priority)
             try:
-                if self._fill(seq[:-1], stats, cancel, step=CANCEL_STEP, lane=lane):
-                    return True
+                _, first = self._fill(seq, stats, cancel, step=CANCEL_STEP, lane=lane, answer=True)
+                if first is not None:
+                    return first
             except BaseException:
                 self._leave(lane)
                 raise
         self._leave(lane)
-        return False
+        return None
 
     def _shared_fill(self, lane: Lane, tokens: list[int], should_stop, generates: bool = True):
         """On a server's lane: wait for another lane already evaluating the same long prefix (then share it)."""
@@ -431,25 +445,29 @@ class Engine:
         with self._shared_fill(lane, prompt[:-1], should_stop, generates=False):
             self._enter(lane, False)
             try:
-                if not self._fill(prompt[:-1], stats, should_stop, lane=lane):
+                if not self._fill(prompt[:-1], stats, should_stop, lane=lane)[0]:
                     stats.stop_reason = "cancelled"
             finally:
                 self._leave(lane)
         return stats
 
     def _fill(self, tokens: list[int], stats: Stats, should_stop=None, step: int = BACKGROUND_STEP,
-              lane: Lane | None = None) -> bool:
-        """Bring the lane's cache to `tokens`, from the best cached prompt when there is a cache;
-        False when `should_stop` ended it first (asked between slices: a warm-up's slice in flight is
+              lane: Lane | None = None, answer: bool = False) -> tuple[bool, np.ndarray | None]:
+        """Bring the lane's cache to `tokens`, from the best cached prompt when there is a cache: (whether
+        it got there, and with `answer` the logits row of the last token, which went in the prompt's pass).
+        Not there when `should_stop` ended it first (asked between slices: a warm-up's slice in flight is
         finished, since the request that stops it usually needs those very tokens)."""
         target = (lane or self.lane).target
         t0 = time.perf_counter()
         if self.prompt_cache is not None:
             use = self.prompt_cache.prepare(tokens, target)
             stats.cache_restored, stats.cache_entries = use.restored, use.entries
-        stats.prompt_eval_tokens = target.sync(tokens, should_stop, step=step)
+        if answer:
+            stats.prompt_eval_tokens, row = fill_to_answer(target, tokens, should_stop, step)
+        else:
+            stats.prompt_eval_tokens, row = target.sync(tokens, should_stop, step=step), None
         stats.prompt_eval_s = time.perf_counter() - t0
-        return len(target.tokens) == len(tokens)
+        return len(target.tokens) == len(tokens), row
 
     def _enter(self, lane: Lane, priority: bool) -> None:
         lane.last_used = time.monotonic()

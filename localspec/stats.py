@@ -10,7 +10,9 @@ class Stats:
     prompt_tokens: int = 0  # tokens in the formatted prompt
     prompt_eval_tokens: int = 0  # of those, how many had to be evaluated (the rest came from the cache)
     tokens: int = 0  # confirmed tokens emitted
-    target_passes: int = 0  # target llama_decode calls during generation (= rounds)
+    # rounds, each one target pass; the first round's is the prompt's own pass when it drafted nothing (that
+    # pass's last row gives the first token, as in llama-server)
+    target_passes: int = 0
     rounds_plain: int = 0  # rounds that drafted nothing (plain decoding steps)
     full_rounds: int = 0  # rounds whose every drafted token was accepted (the bonus token came too)
     drafted: int = 0  # draft tokens proposed

@@ -304,6 +304,61 @@ def test_max_tokens_and_plain_mode(perturbed):
     assert st.tokens_by_source == {"target": st.tokens}
 
 
+class PassLog:
+    """The target's passes during a generation: (tokens, logits mode) of each, in order."""
+
+    def __init__(self, ctx, monkeypatch):
+        self.passes: list[tuple[list[int], str]] = []
+        real = ctx.eval
+
+        def logged(tokens, logits="last", **kw):
+            self.passes.append((list(tokens), logits))
+            return real(tokens, logits, **kw)
+
+        monkeypatch.setattr(ctx, "eval", logged)
+
+
+def test_the_prompts_own_pass_gives_the_first_token(perturbed, monkeypatch):
+    """The prompt's last token goes in the prompt's pass, whose last row is the first token's
+    distribution (as llama-server does): no pass of that token alone (a whole decode step, 70 ms for
+    the 1.5B on a 2-core CPU), so a plain answer of n tokens takes n - 1 passes after the prompt's."""
+    e = perturbed
+    prompt = e.prompt_tokens(PROMPTS[2])
+    e.target.reset()
+    log = PassLog(e.target, monkeypatch)
+    tokens, _, st = run(e, prompt, GenConfig(temperature=0, spec="off", max_tokens=9))
+    assert len(tokens) == 9 and st.prompt_eval_tokens == len(prompt) and st.target_passes == 9
+    assert log.passes[0] == (prompt, "last")
+    assert log.passes[1:] == [([t], "all") for t in tokens[:-1]]
+    # the same text as a reference that evaluates the prompt in one pass and each token alone
+    e.target.reset()
+    ref = [int(e.target.eval(prompt, logits="last")[0].argmax())]
+    while len(ref) < 9:
+        ref.append(int(e.target.eval([ref[-1]], logits="last")[0].argmax()))
+    assert tokens == ref
+    # a prompt the cache holds whole already (the last answer was cut off at once): its last token goes again
+    monkeypatch.undo()
+    e.target.reset()
+    e.target.eval(prompt, logits="none")
+    log = PassLog(e.target, monkeypatch)
+    again, _, st = run(e, prompt, GenConfig(temperature=0, spec="off", max_tokens=9))
+    assert again == tokens and st.prompt_eval_tokens == 1 and log.passes[0] == (prompt[-1:], "last")
+
+
+def test_a_first_round_draft_goes_in_a_pass_of_its_own_tokens(same, monkeypatch):
+    """When the first round drafts, the pass holds the draft alone (the prompt's last token is in the
+    cache already) and its rows follow the prompt pass's row: all accepted with an identical draft."""
+    e = same
+    prompt = e.prompt_tokens(PROMPTS[1])
+    e.target.reset()
+    log = PassLog(e.target, monkeypatch)
+    tokens, _, st = run(e, prompt, greedy(max_tokens=12, draft_max=3))
+    assert log.passes[0] == (prompt, "last")
+    first_round = log.passes[1]
+    assert first_round == (tokens[:3], "all") and st.accepted_by_position[0] >= 1
+    assert st.target_passes == len(log.passes) - 1  # a round a pass; the first counts the prompt's
+
+
 def test_context_full_stops_cleanly(tiny):
     e = load(tiny.target, tiny.same, n_ctx=64)
     # a prompt that leaves room for a few tokens only, so the context fills before any EOS can come

@@ -196,20 +196,20 @@ def test_log_requests_timing_line_is_whole():
 
 
 def test_timings_count_as_llama_server_does():
-    """The first token comes from the pass over the prompt's last token: llama-server counts that pass
-    and token in the prompt, and its decode rate is the tokens after the first (end of text included)
-    over the time after the first."""
+    """The first token comes from the prompt's pass (its last token is evaluated there): llama-server
+    counts that pass and token in the prompt, and its decode rate is the tokens after the first (end of
+    text included) over the time after the prompt."""
     from localspec.server.shapes import timings
     from localspec.stats import Stats
 
-    st = Stats(prompt_tokens=30, prompt_eval_tokens=20, prompt_eval_s=0.3, tokens=90, target_passes=91,
-               generation_s=3.05, first_token_s=0.05, stop_reason="eos")
+    st = Stats(prompt_tokens=30, prompt_eval_tokens=21, prompt_eval_s=0.35, tokens=90, target_passes=90,
+               generation_s=3.0, stop_reason="eos")
     t = timings(st)
     assert (t["cache_n"], t["prompt_n"], t["predicted_n"]) == (9, 21, 90)
     assert t["prompt_ms"] == pytest.approx(350) and t["predicted_ms"] == pytest.approx(3000)
     assert t["predicted_per_second"] == pytest.approx(30.0) and t["predicted_per_token_ms"] == pytest.approx(100 / 3)
-    cut = timings(Stats(prompt_tokens=5, prompt_eval_tokens=4, tokens=10, target_passes=10, generation_s=1.0,
-                        first_token_s=0.1, stop_reason="length"))
+    cut = timings(Stats(prompt_tokens=5, prompt_eval_tokens=5, tokens=10, target_passes=10, generation_s=0.9,
+                        stop_reason="length"))
     assert cut["predicted_per_second"] == pytest.approx(10.0) and cut["cache_n"] == 0
     assert timings(Stats(prompt_tokens=5))["predicted_per_second"] == 0.0  # nothing generated yet
 

@@ -17,12 +17,11 @@ def new_id(prefix: str) -> str:
 
 
 def timings(st) -> dict:
-    """llama-server's `timings`, by its definitions: the pass over the prompt's last token, which gives
-    the first token, belongs to the prompt (`prompt_n` counts that token, `prompt_ms` that pass);
-    `predicted_ms` runs from the first token to the last, and `predicted_per_second` is the tokens
-    after the first (end of text included, as llama-server counts it) over that time."""
-    prompt_s, gen_s = st.prompt_eval_s + st.first_token_s, max(0.0, st.generation_s - st.first_token_s)
-    prompt_n = st.prompt_eval_tokens + (st.target_passes > 0)
+    """llama-server's `timings`, by its definitions: the prompt's pass, whose last row gives the first
+    token, is `prompt_n` tokens in `prompt_ms` (the engine evaluates the prompt's last token in it too);
+    `predicted_ms` runs from there to the last token, and `predicted_per_second` is the tokens after the
+    first (end of text included, as llama-server counts it) over that time."""
+    prompt_s, gen_s, prompt_n = st.prompt_eval_s, st.generation_s, st.prompt_eval_tokens
     steps = st.decode_steps
     t = {
         "cache_n": max(0, st.prompt_tokens - prompt_n),
