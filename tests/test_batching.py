@@ -508,6 +508,51 @@ def test_the_draft_models_passes_and_the_cost_measurement_run_on_the_batch_threa
         e.close()
 
 
+def test_a_request_lets_idle_work_hand_back_its_deep_lane_before_choosing(shared, monkeypatch):
+    """Idle work holds the last request's lane, filled deep; a request arriving meanwhile waits for it
+    to give way (bounded), then takes that lane when it holds its conversation, or has it parked before
+    evaluating anything: its cells would otherwise sit beside the request's, attended over every pass."""
+    from localspec.server.lanes import LanePool
+
+    shared.prompt_cache = PromptCache(shared.lanes[0].target, 64 << 20, lanes=[x.target for x in shared.lanes])
+    try:
+        deep, other = tokens(shared, "alpha beta gamma " * 40), tokens(shared, "delta epsilon zeta " * 4)
+        for lane in shared.lanes:
+            lane.target.reset()
+        for follow_up, expect_same_lane in ((other, False), (deep + [5, 6], True)):
+            shared.lanes[0].target.sync(deep)
+            shared.lanes[1].target.sync(other[:len(other) // 2])  # where the unrelated follow-up belongs
+            pool = LanePool(shared)
+            idle = pool.checkout(lane=shared.lanes[0], background=True)
+            gave_way = threading.Event()
+
+            def idle_work():
+                time.sleep(0.2)  # the measurement's pass in flight, then it gives way
+                gave_way.set()
+                pool.checkin(idle, background=True)
+
+            worker = threading.Thread(target=idle_work)
+            worker.start()
+            got = pool.checkout(follow_up)
+            assert gave_way.is_set()  # the request chose only once the idle lane was back
+            worker.join(5)
+            if expect_same_lane:
+                assert got is shared.lanes[0] and got.target.tokens == deep  # its own conversation, live
+            else:
+                assert got is not shared.lanes[0] and shared.lanes[0].target.tokens == []  # parked
+                assert any(e.tokens == deep for e in shared.prompt_cache.entries)
+            pool.checkin(got)
+        # idle work that never gives way holds a request up for BACKGROUND_WAIT_S at most
+        monkeypatch.setattr(LanePool, "BACKGROUND_WAIT_S", 0.1)
+        pool = LanePool(shared)
+        stuck = pool.checkout(lane=shared.lanes[0], background=True)
+        t0 = time.perf_counter()
+        got = pool.checkout(other)
+        assert got is not stuck and time.perf_counter() - t0 < 2
+    finally:
+        shared.prompt_cache = None
+
+
 def test_a_repeated_prompt_is_restored_even_when_it_saves_only_a_few_tokens(shared):
     """A snapshot holding the whole prompt is restored when it saves a few tokens (a copy of 2.6 us a
     token of the snapshot against ~20 ms a token of a short pass); a huge snapshot needs a larger gain."""

@@ -6,6 +6,9 @@ cells are. The other free lanes' sequences are parked: saved to the prompt cache
 their cells freed. In one unified KV cache every decode attends over every cell in use, masked or not:
 three idle lanes holding 3,000 tokens each made a lone request decode 22% slower here (26.3 -> 20.4
 tok/s). A parked sequence comes back from the prompt cache, a memory copy, when its client returns.
+Idle work (pass costs measured at the last request's depth) holds a lane too, filled as deep as that
+request ran; a request lets it hand that lane back (it gives way within a pass) before choosing, so the
+lane is parked, or is the request's own conversation, before the request evaluates anything.
 """
 
 from __future__ import annotations
@@ -17,27 +20,42 @@ from ..promptcache import KEEP_MIN  # idle sequences shorter than this cost noth
 
 
 class LanePool:
+    # A request waits at most this long for idle work to hand its lane back (it gives way within a pass:
+    # ~5 ms of llama.cpp's abort polling, then its cache truncated). Left holding a deep cache beside a
+    # request, that lane's cells are attended over in every one of the request's passes: measured after a
+    # 3,500-token answer, a 33-token prompt 0.64 s against 0.42, decoding 11.9 against 14.9 tok/s.
+    BACKGROUND_WAIT_S = 1.0
+
     def __init__(self, engine):
         self.engine = engine
         self.free = list(engine.lanes)
         self.cv = threading.Condition()
         self.last = engine.lanes[0]  # the lane of the latest request (idle work measures at its depth)
+        self.background = 0  # lanes idle work holds
 
-    def checkout(self, prompt: list[int] | None = None, lane=None):
-        """A free lane for `prompt` (or that `lane`, once free), the other free lanes parked."""
+    def checkout(self, prompt: list[int] | None = None, lane=None, background: bool = False):
+        """A free lane for `prompt` (or that `lane`, once free), the other free lanes parked; a request
+        first lets idle work (`background`) hand back the lane it holds."""
         with self.cv:
+            if not background:
+                self.cv.wait_for(lambda: not self.background, timeout=self.BACKGROUND_WAIT_S)
             self.cv.wait_for(lambda: lane in self.free if lane is not None else bool(self.free))
             if lane is None:
                 lane = max(self.free, key=lambda x: (common_prefix(x.target.tokens, prompt or []),
                                                      -len(x.target.tokens)))
             self.free.remove(lane)
             self._park()  # the others, lane having left `free`
-            self.last = lane
+            if background:
+                self.background += 1
+            else:
+                self.last = lane
             return lane
 
-    def checkin(self, lane) -> None:
+    def checkin(self, lane, background: bool = False) -> None:
         with self.cv:
             self.free.append(lane)
+            if background:
+                self.background -= 1
             self.cv.notify_all()
 
     def _park(self) -> None:

@@ -180,7 +180,7 @@ class ServerSession:
     def _idle_work(self) -> None:
         if not self.idle_prompt and self._others_busy():
             return  # measure_pending stays: the next quiet moment measures (no lane taken, none parked)
-        lane = self.lanes.checkout(lane=self.lanes.last)
+        lane = self.lanes.checkout(lane=self.lanes.last, background=True)
         try:
             if self.idle_prompt:
                 self._finish_warmup(lane)
@@ -188,7 +188,7 @@ class ServerSession:
                 self.measure_pending = False
                 self._measure_depth(lane)
         finally:
-            self.lanes.checkin(lane)
+            self.lanes.checkin(lane, background=True)
 
     def _foreground(self) -> bool:
         """A request waits or runs: background work (a warm-up) gives way to it, on any lane, since their
