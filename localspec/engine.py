@@ -390,10 +390,12 @@ class Engine:
         """Join the batch (a server's lane) and bring the cache to the whole prompt, reusing a cached
         prefix: the logits row of its last token (the first token's distribution), or None (the lane left
         again) when cancelled during the prompt."""
+        # shared as the prefix without the last token: a waiter's wait for this lane's first token ends once
+        # its cache holds more than that, i.e. once this fill's pass (which gives that token) is done
         with self._shared_fill(lane, seq[:-1], cancel):
             self._enter(lane, priority)
             try:
-                _, first = self._fill(seq, stats, cancel, step=CANCEL_STEP, lane=lane, answer=True)
+                first = self._fill(seq, stats, cancel, step=CANCEL_STEP, lane=lane, answer=True)
                 if first is not None:
                     return first
             except BaseException:
@@ -445,17 +447,18 @@ class Engine:
         with self._shared_fill(lane, prompt[:-1], should_stop, generates=False):
             self._enter(lane, False)
             try:
-                if not self._fill(prompt[:-1], stats, should_stop, lane=lane)[0]:
+                self._fill(prompt[:-1], stats, should_stop, lane=lane)
+                if len(lane.target.tokens) != len(prompt) - 1:
                     stats.stop_reason = "cancelled"
             finally:
                 self._leave(lane)
         return stats
 
     def _fill(self, tokens: list[int], stats: Stats, should_stop=None, step: int = BACKGROUND_STEP,
-              lane: Lane | None = None, answer: bool = False) -> tuple[bool, np.ndarray | None]:
-        """Bring the lane's cache to `tokens`, from the best cached prompt when there is a cache: (whether
-        it got there, and with `answer` the logits row of the last token, which went in the prompt's pass).
-        Not there when `should_stop` ended it first (asked between slices: a warm-up's slice in flight is
+              lane: Lane | None = None, answer: bool = False) -> np.ndarray | None:
+        """Bring the lane's cache to `tokens`, from the best cached prompt when there is a cache; with
+        `answer`, the logits row of the last token, which went in the prompt's pass. It stops short (no
+        row) when `should_stop` ended it first (asked between slices: a warm-up's slice in flight is
         finished, since the request that stops it usually needs those very tokens)."""
         target = (lane or self.lane).target
         t0 = time.perf_counter()
@@ -467,7 +470,7 @@ class Engine:
         else:
             stats.prompt_eval_tokens, row = target.sync(tokens, should_stop, step=step), None
         stats.prompt_eval_s = time.perf_counter() - t0
-        return len(target.tokens) == len(tokens), row
+        return row
 
     def _enter(self, lane: Lane, priority: bool) -> None:
         lane.last_used = time.monotonic()
