@@ -2,14 +2,18 @@
 measured once per (model, threads, build) and stored in the data dir.
 
 Neither wins on every CPU, nor at every depth. Flash attention decodes a few percent faster at a
-short chat's depth on both CPUs measured here (the Xeon ~2-5%, the EPYC 1-3%), and from a few hundred
-tokens deep it verifies long passes slower: the Xeon 4-5% 1,000 deep, the EPYC 5.6% 512 deep and 17%
-1,024 deep, where its decodes are 11% slower too. Every answer pays its decodes (a chat with nothing to
-draft is where llama-server, whose CPU default is flash attention, is matched or not); a long verify
-pass deep is what a copied file's answer pays. So flash attention when it decodes faster 64 deep (by
-MARGIN) AND its 16-token passes 512 deep lose no more than that gain; the plain kernel otherwise. The
-first load measures it (~3.5 s; ~15 s more where the decode check favours flash attention), stored per
-(model, threads, build); `-fa on|off` chooses without measuring.
+short chat's depth on both CPUs measured here (the Xeon ~2-5%, the EPYC 1-6%), and deeper it verifies
+long passes slower: the Xeon 4-5% 1,000 deep, the EPYC 6% 512 deep and 17% 1,024 deep, where its
+decodes are 11% slower too. A chat's every token is a decode (where llama-server, whose CPU default is
+flash attention, is matched or not); a copied file's tokens come ~16 to a long verify pass deep. So the
+two are weighed per token of the answer the user waits for: flash attention when it decodes faster 64
+deep (by MARGIN), decodes no slower 1,024 deep (a long conversation, an editor's context), and the
+time a copied token loses in 16-token passes 1,024 deep (the pass's loss / 16) is no more than the time
+a chat token gains; the plain kernel otherwise. On the Xeon that is flash attention (a chat token
+gains 1.1-2.0 ms, a copied one loses ~0.7); on the EPYC the plain kernel (its long passes 1,024 deep
+lose ~2.5 ms a copied token, its decodes there 11%). The first load measures it (~3.5 s; ~25 s more
+where the decode check favours flash attention), stored per (model, threads, build); `-fa on|off`
+chooses without measuring.
 """
 
 from __future__ import annotations
@@ -24,19 +28,22 @@ from .costmodel import timed_pass
 
 DEPTH = 64  # tokens in the cache while decodes are timed (a short chat; flash attention gains most there)
 DECODES = 20  # timed decodes per kernel, alternating
-MARGIN = 0.01  # flash attention must decode this much faster (measured 1.8-2.6% on the Xeon, 4 runs)
-# ... and its deep passes lose no more than that (the EPYC's decode gain, 0.9% and 2.4% in two first
-# loads, alone chose either kernel; with flash attention its edits fell from 2.2x to 1.97x llama-server)
-DEEP = 512  # tokens in the cache while the long passes are timed (a copied file's depth, and cheap to reach)
-PASS = 16  # tokens in a timed pass (a long draft's verify)
+MARGIN = 0.01  # flash attention must decode this much faster shallow, and no more than this slower deep
+# (the EPYC's shallow gain alone, 0.9% and 2.4% in two first loads, chose either kernel; with flash
+# attention its edits fell from 2.2x to 1.97x llama-server, its predicted edits to 1.84x)
+DEEP = 1024  # tokens in the cache while long passes and deep decodes are timed (a copied file's depth)
+PASS = 16  # tokens in a timed pass (a long draft's verify; a copied token's share of it is 1/PASS)
 PASSES = 6  # timed passes per kernel, alternating
+DEEP_DECODES = 10  # timed decodes per kernel at DEEP, alternating
+RULE = 2  # the rule's version, in the stored file's key: a new rule measures again (1: passes 512 deep,
+# flash attention only when their loss in percent was no more than the decodes' gain)
 MIN_PARAMS = 100_000_000  # smaller models (the tests' tiny ones): the plain kernel, nothing measured
 KERNELS = ("off", "on")
 
 
 def cpu_kernel(model: Model, n_threads: int, n_threads_batch: int, notify=None) -> str:
     """"on" or "off" for this model on this CPU: the stored choice, or measured now (once: ~3.5 s, and
-    ~15 s more on a CPU whose flash attention decodes faster). notify(message): where that is said."""
+    ~25 s more on a CPU whose flash attention decodes faster). notify(message): where that is said."""
     if model.L.llama_model_n_params(model.ptr) < MIN_PARAMS:
         return "off"
     path = _path(model, n_threads)
@@ -47,14 +54,14 @@ def cpu_kernel(model: Model, n_threads: int, n_threads_batch: int, notify=None) 
     except (OSError, ValueError, KeyError, TypeError):
         pass  # none yet, or unreadable: measured again
     if notify is not None:
-        notify("measuring which attention kernel runs faster on this CPU (once, 4-20 s)...")
+        notify("measuring which attention kernel runs faster on this CPU (once, 4-30 s)...")
     ms = decode_ms(model, n_threads, n_threads_batch)
     record = {"decode_ms": ms, "depth": DEPTH}
     choice = "off"
     if ms["on"] < ms["off"] * (1 - MARGIN):
-        deep = pass_ms(model, n_threads, n_threads_batch)
-        record |= {"pass_ms": deep, "pass_tokens": PASS, "pass_depth": DEEP}
-        choice = "on" if deep["on"] / deep["off"] <= ms["off"] / ms["on"] else "off"
+        deep = deep_ms(model, n_threads, n_threads_batch)
+        record |= {"deep_ms": deep, "pass_tokens": PASS, "deep_depth": DEEP}
+        choice = "on" if flash_pays(ms, deep) else "off"
     try:
         paths.write_atomic(path, json.dumps({"flash_attn": choice, **record}))
     except OSError:
@@ -62,22 +69,36 @@ def cpu_kernel(model: Model, n_threads: int, n_threads_batch: int, notify=None) 
     return choice
 
 
-def _timed(model: Model, n_threads: int, n_threads_batch: int, depth: int, tokens: int, repeats: int,
-           logits: str) -> dict[str, float]:
-    """Median ms of a pass of `tokens` tokens `depth` deep with each kernel, the two alternating (each
-    pass rolled back, so every one starts at the same depth)."""
-    ctxs = {k: Context(model, depth + tokens + 64, 512, n_threads, n_threads_batch, flash_attn=k)
+def flash_pays(shallow: dict[str, float], deep: dict[str, dict[str, float]]) -> bool:
+    """Given flash attention decodes faster shallow (ms a decode per kernel) and the DEEP figures ({"pass":
+    ms a PASS-token pass, "decode": ms a decode}): whether it decodes no slower deep and a copied token
+    (1/PASS of a long pass) loses no more time with it than a chat token gains."""
+    chat_gain = shallow["off"] - shallow["on"]
+    copy_loss = (deep["pass"]["on"] - deep["pass"]["off"]) / PASS
+    return deep["decode"]["on"] <= deep["decode"]["off"] * (1 + MARGIN) and copy_loss <= chat_gain
+
+
+def _timed(model: Model, n_threads: int, n_threads_batch: int, depth: int,
+           probes: dict[str, tuple[int, int, str]]) -> dict[str, dict[str, float]]:
+    """{probe: {kernel: median ms}}: each probe (tokens, repeats, logits) is a pass of `tokens` tokens
+    `depth` deep, with each kernel, the two alternating (each pass rolled back, so every one starts at
+    the same depth); one fill per kernel serves every probe."""
+    longest = max(tokens for tokens, _, _ in probes.values())
+    ctxs = {k: Context(model, depth + longest + 64, 512, n_threads, n_threads_batch, flash_attn=k)
             for k in KERNELS}
     try:
-        text = model.tokenize("def fibonacci(n):\n    " * (depth + tokens), add_special=False)
-        prompt, probe = text[:depth], text[depth:depth + tokens]
+        text = model.tokenize("def fibonacci(n):\n    " * (depth + longest), add_special=False)
+        prompt, probe = text[:depth], text[depth:depth + longest]
         for ctx in ctxs.values():
             ctx.eval(prompt, logits="none")
-        times: dict[str, list[float]] = {k: [] for k in KERNELS}
-        for i in range(repeats):
-            for k in KERNELS if i % 2 else KERNELS[::-1]:
-                times[k].append(timed_pass(ctxs[k], probe, logits))
-        return {k: round(median(v) * 1000, 3) for k, v in times.items()}
+        out = {}
+        for name, (tokens, repeats, logits) in probes.items():
+            times: dict[str, list[float]] = {k: [] for k in KERNELS}
+            for i in range(repeats):
+                for k in KERNELS if i % 2 else KERNELS[::-1]:
+                    times[k].append(timed_pass(ctxs[k], probe[:tokens], logits))
+            out[name] = {k: round(median(v) * 1000, 3) for k, v in times.items()}
+        return out
     finally:
         for ctx in ctxs.values():
             ctx.close()
@@ -85,18 +106,19 @@ def _timed(model: Model, n_threads: int, n_threads_batch: int, depth: int, token
 
 def decode_ms(model: Model, n_threads: int, n_threads_batch: int) -> dict[str, float]:
     """Median ms of a decode DEPTH tokens deep with each kernel."""
-    return _timed(model, n_threads, n_threads_batch, DEPTH, 1, DECODES, "last")
+    return _timed(model, n_threads, n_threads_batch, DEPTH, {"decode": (1, DECODES, "last")})["decode"]
 
 
-def pass_ms(model: Model, n_threads: int, n_threads_batch: int) -> dict[str, float]:
-    """Median ms of a PASS-token verify pass DEEP tokens deep with each kernel."""
-    return _timed(model, n_threads, n_threads_batch, DEEP, PASS, PASSES, "all")
+def deep_ms(model: Model, n_threads: int, n_threads_batch: int) -> dict[str, dict[str, float]]:
+    """Median ms of a PASS-token verify pass and of a decode DEEP tokens deep with each kernel."""
+    return _timed(model, n_threads, n_threads_batch, DEEP,
+                  {"pass": (PASS, PASSES, "all"), "decode": (1, DEEP_DECODES, "last")})
 
 
 def _path(model: Model, n_threads: int):
     from .backend import system_info
     from .tuning import file_id
 
-    key = json.dumps({"model": file_id(model.path), "threads": n_threads,
+    key = json.dumps({"model": file_id(model.path), "threads": n_threads, "rule": RULE,
                       "llama_cpp_python": system_info()["llama_cpp_python"]}, sort_keys=True)
     return paths.profiles_dir() / f"attention-{hashlib.sha256(key.encode()).hexdigest()[:16]}.json"
