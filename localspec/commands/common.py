@@ -33,7 +33,7 @@ def add_model_args(p: argparse.ArgumentParser, positional_pair: bool = False) ->
     g.add_argument("--mmap", dest="mmap", action="store_true", help=argparse.SUPPRESS)  # the default; kept for old scripts
     g.add_argument("-fa", "--flash-attn", choices=["on", "off", "auto"], default=None,
                    help="llama.cpp's flash attention, like its -fa (default auto: llama.cpp's choice on a GPU; on "
-                        "a CPU flash attention where a chat's tokens gain more with it than a copied file's lose, "
+                        "a CPU the kernel whose answers' tokens cost less, flash attention on a tie, "
                         "measured once; off costs a bigger compute buffer: see README, Serve)")
 
 
