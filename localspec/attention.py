@@ -47,7 +47,7 @@ KERNELS = ("off", "on")
 
 
 def cpu_kernel(model: Model, n_threads: int, n_threads_batch: int, notify=None) -> str:
-    """"on" or "off" for this model on this CPU: the stored choice, or measured now (once: ~3.5 s, and
+    """"on" or "off" for this model on this CPU: the stored choice, or measured now (once: ~4 s, and
     ~25 s more on a CPU whose flash attention decodes faster). notify(message): where that is said."""
     if model.L.llama_model_n_params(model.ptr) < MIN_PARAMS:
         return "off"
