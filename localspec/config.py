@@ -35,6 +35,7 @@ class GenConfig:
     p_min: float = 0.0  # stop drafting when the draft model's top probability falls below this
     ngram_min: int = 2  # shortest suffix match the n-gram drafter trusts
     ngram_max: int = 4  # longest suffix it looks up (the match is then extended backwards to measure it)
+    exact: bool = False  # byte-identical to plain decoding: drafts only where the engine's kernels are exact (--exact)
 
     # --- stopping ---
     max_tokens: int = 512  # hard cap on generated tokens
@@ -77,3 +78,6 @@ class LoadConfig:
     # kernel measured faster for this tool's work (attention.py says how). It takes a smaller compute
     # buffer (32k context: 303 MiB against 848 without).
     flash_attn: str = "auto"
+    # --exact: batch-invariant kernels (backend/exact.py), so speculative output has plain decoding's bits
+    # on every request; the weights stay in their file layout and attention runs over a bf16 KV cache.
+    exact: bool = False

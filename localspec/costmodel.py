@@ -182,6 +182,20 @@ CURVE_SIZES = (1, 2, 3, 4, 5, 6, 8, 12, 16, 24, 32, 48, 64)
 QUICK_SIZES = (1, 2, 4, 8, 16)  # auto's first run (~3 s here); longer passes priced pessimistically until measured
 
 
+# A pass over n tokens in single-token decodes on a typical machine of each kind: the prices a greedy
+# request's drafts are chosen by where its answer must not depend on this machine's measurements or load
+# (engine.py, `Engine.decides_from_request_alone`); where the figures come from: docs/EXACT.md.
+REFERENCE_SIZES = (1, 2, 4, 8, 16, 32, 64)
+REFERENCE_VERIFY = {"cpu": (1.0, 1.8, 2.9, 6.9, 8.3, 13.6, 24.1), "gpu": (1.0, 2.66, 2.84, 3.0, 3.3, 4.0, 5.3)}
+
+
+def reference_profile(device: str) -> "CostProfile":
+    """The reference pass curve of a "cpu" or "gpu" (no draft model price: a greedy request's draft-model
+    proposals depend on its draft cache's history, so they are not priced in)."""
+    return CostProfile(t_decode=1.0, t_verify=densify(list(REFERENCE_SIZES), list(REFERENCE_VERIFY[device])),
+                       key=f"reference:{device}")
+
+
 def densify(sizes: list[int], times: list[float]) -> list[float]:
     """T(n) for n = 1..max(sizes), linear between measured sizes (which stay exactly as measured)."""
     out = []

@@ -130,6 +130,7 @@ class NgramDrafter:
         # requests): consulted only when the current text has no match, so a repeated or templated
         # request drafts from past answers
         self.memory = memory if memory is not None else NgramMemory()
+        self.recall = True  # whether this run may draft from the memory (not when its answer must be reproducible)
         self.follow: Follow | None = None  # the copy the last proposal came from
         self.prediction = Prediction([], 0, 0)  # the request's predicted output (empty: none)
         self._forget_edits()
@@ -186,7 +187,7 @@ class NgramDrafter:
             pos = self.index.get(key)
             if pos is not None:
                 return self._refound(Follow(seq, pos, len(seq), _extend_match(seq, pos, seq, n, self.MATCH_CAP), "text"), seq)
-            past = self.memory.find(key)
+            past = self.memory.find(key) if self.recall else None
             if past is not None:
                 text, pos = past
                 return Follow(text, pos, len(seq), _extend_match(text, pos, seq, n, self.MATCH_CAP), "memory")

@@ -17,16 +17,17 @@ from typing import Callable, Iterator, TypeVar
 import numpy as np
 
 from .attention import cpu_kernel
-from .backend import Context, GrammarSampler, Model, fill_to_answer, system_info
+from .backend import Context, GrammarSampler, Model, exact, fill_to_answer, system_info
 from .batching import Batcher, PromptFills, SeqView
 from .chat_format import render_prompt
 from .compat import require_compatible
 from .constraints import GrammarConstraint, starts_with_grammar
 from .config import GenConfig, LoadConfig
+from .costmodel import reference_profile
 from .drafters import Draft, DraftFloor, DraftModel, HybridDrafter, NgramDrafter, NgramMemory
 from .errors import ConfigError, ContextFullError
 from .policy import FixedK, make_policy
-from .sampling import accept_greedy, accept_token, apply_logit_bias, logits_to_probs, residual, sample
+from .sampling import accept_greedy, accept_sampled, apply_logit_bias
 from .stats import Stats
 from .text import TextStream
 from .threads import ThreadGovernor
@@ -87,16 +88,6 @@ def _verify(target: Context, seq: list[int], draft: list[int], first: np.ndarray
     return np.vstack([first[None], target.eval(draft, logits="all")]) if draft else first[None]
 
 
-def accept_sampled(draft: Draft, logits: np.ndarray, cfg: GenConfig, rng) -> tuple[int, int]:
-    """Speculative sampling over one verified draft: (number accepted, the target's token)."""
-    for i, x in enumerate(draft.tokens):
-        p = logits_to_probs(logits[i], cfg)
-        q = draft.probs[i]
-        if not accept_token(p, q, x, rng):
-            return i, sample(residual(p, q, x), rng)
-    return len(draft.tokens), sample(logits_to_probs(logits[-1], cfg), rng)
-
-
 @dataclass
 class Chunk:
     text: str  # text now safe to show (may be "" while a UTF-8 char or a stop string is pending)
@@ -142,14 +133,18 @@ class Engine:
         checked the pair's compatibility already, from the GGUF headers); otherwise load it now.
         notify(message): where a slow first-load measurement is announced."""
         self.load = load = load or LoadConfig()
-        self.target_model = Model(target_path, load.n_gpu_layers_target, load.rpc_servers, mmap=load.mmap)
+        if load.exact:
+            exact.use_batch_invariant_kernels()
+        self.target_model = Model(target_path, load.n_gpu_layers_target, load.rpc_servers, mmap=load.mmap,
+                                  repack=not load.exact)
         self.draft_path = Path(draft_path) if draft_path else None
         self.draft_model: Model | None = None
         self.draft_ctx: Context | None = None
         self._draft_lock = threading.Lock()
         self.flash_attn = self.flash_attn_in_use(load, self.target_model, notify)
         self.target = Context(self.target_model, load.n_ctx, load.n_batch, load.n_threads, load.n_threads_batch,
-                              n_seq=max(1, load.n_parallel), flash_attn=self.flash_attn)
+                              n_seq=max(1, load.n_parallel), flash_attn=self.flash_attn,
+                              kv_type=exact.KV_TYPE if load.exact else "f16")
         self.target.pad_verify = self.pads_verify(load)
         self.governor = None
         if load.adapt_threads and load.n_threads > 1:
@@ -196,11 +191,16 @@ class Engine:
         """llama.cpp's flash attention as this load runs it: what was asked for, or for "auto" llama.cpp's
         own choice on a GPU and on a CPU the kernel attention.py measures faster for `model` ("off"
         without a model: on some CPUs flash attention is the slower one from a few hundred tokens deep)."""
-        if load.flash_attn != "auto":
-            return load.flash_attn
+        if load.exact or load.flash_attn != "auto":
+            return exact.FLASH_ATTN if load.exact else load.flash_attn
         if cls.on_gpu(load):
             return "auto"
         return cpu_kernel(model, load.n_threads, load.n_threads_batch, notify) if model is not None else "off"
+
+    def decides_from_request_alone(self, cfg: GenConfig) -> bool:
+        """A greedy run's text is the same for every run of its request only if they verify the same drafts
+        (a batched row can part from a single-token decode at a near-tie); under --exact no row parts."""
+        return cfg.temperature <= 0 and not self.load.exact
 
     def _expected_pass_s(self, n_tokens: int) -> float | None:
         """What a target pass over n tokens should cost on a quiet machine (the measured profile)."""
@@ -299,6 +299,7 @@ class Engine:
         model = DraftModel(lane.draft, cfg, rng) if self.draft_path else None
         ngram = lane.ngram
         ngram.n_min, ngram.n_max = cfg.ngram_min, cfg.ngram_max
+        ngram.recall = not self.decides_from_request_alone(cfg)  # other requests' text only where it cannot change the answer
         ngram.k_max = cfg.ngram_draft_max if cfg.spec == "auto" else cfg.draft_max
         if cfg.drafter == "model":
             if model is None:
@@ -381,10 +382,15 @@ class Engine:
 
     def _drafting(self, cfg: GenConfig, rng, lane: Lane, depth: int):
         """(drafter, policy) for a run; on a server's lane the policy prices drafts by the shared step."""
-        drafter = self.make_drafter(cfg, rng, lane) if cfg.spec != "off" else None
+        plain = cfg.spec == "off" or (cfg.exact and not self.load.exact)  # plain decoding is its own exact twin
+        drafter = None if plain else self.make_drafter(cfg, rng, lane)
+        if drafter is None:
+            return None, FixedK(0)
+        if self.decides_from_request_alone(cfg):  # priced alike whatever this machine measured and runs now
+            return drafter, make_policy(cfg, reference_profile("gpu" if self.on_gpu(self.load) else "cpu"), drafter)
         profile = self.profile.at_depth(depth) if self.profile is not None else None
         load = (lambda: self.batcher.others(lane.seq)) if self.batcher is not None else None
-        return drafter, (make_policy(cfg, profile, drafter, load) if drafter else FixedK(0))
+        return drafter, make_policy(cfg, profile, drafter, load)
 
     def _start(self, lane: Lane, priority: bool, seq: list[int], stats: Stats, cancel) -> np.ndarray | None:
         """Join the batch (a server's lane) and bring the cache to the whole prompt, reusing a cached

@@ -109,3 +109,13 @@ def top2_margin(logits: np.ndarray) -> float:
     """Logit gap between the best and second-best token (small = near-tie)."""
     a, b = np.partition(logits, -2)[-2:]
     return float(abs(b - a))
+
+
+def accept_sampled(draft: Draft, logits: np.ndarray, cfg: GenConfig, rng) -> tuple[int, int]:
+    """Speculative sampling over one verified draft: (number accepted, the target's token)."""
+    for i, x in enumerate(draft.tokens):
+        p = logits_to_probs(logits[i], cfg)
+        q = draft.probs[i]
+        if not accept_token(p, q, x, rng):
+            return i, sample(residual(p, q, x), rng)
+    return len(draft.tokens), sample(logits_to_probs(logits[-1], cfg), rng)

@@ -39,6 +39,7 @@ class ModelChoice:
     ctx_fit: int = 0  # without ctx_size: the largest context up to this that the model and memory allow
     parallel: int = 0  # generations at once (a server's --parallel); 0: one
     flash_attn: str | None = None  # "on" | "off" | "auto" (-fa); None: LoadConfig's default
+    exact: bool = False  # --exact: batch-invariant kernels (LoadConfig.exact)
 
 
 @dataclass
@@ -100,6 +101,7 @@ def load_config(choice: ModelChoice, sel: Selection) -> LoadConfig:
         load.mmap = choice.mmap
     if choice.flash_attn is not None:
         load.flash_attn = choice.flash_attn
+    load.exact = choice.exact
     if choice.n_gpu_layers is not None:
         load.n_gpu_layers_target = load.n_gpu_layers_draft = choice.n_gpu_layers
     if choice.n_gpu_layers_draft is not None:
@@ -198,12 +200,20 @@ def open_engine(sel: Selection, load: LoadConfig, notify: Notify | None = None):
     """The target loads now; the draft model when a round first drafts with it (never for --no-spec,
     --drafter ngram, or auto on a machine where the model draft cannot pay). The pair's compatibility
     is checked now, from the GGUF headers, so a wrong draft is still one clear error up front."""
+    from .backend import exact
     from .engine import Engine
     from .tuning import check_pair
 
     if sel.draft:
         check_pair(Path(sel.target), Path(sel.draft))
-    return Engine(sel.target, sel.draft, load, lazy_draft=True, notify=notify)
+    engine = Engine(sel.target, sel.draft, load, lazy_draft=True, notify=notify)
+    if load.exact:  # whether this build's kernels are batch-invariant for this model is measured, never assumed
+        try:
+            exact.require_batch_invariance(engine.target, engine.target_model, engine.on_gpu(load))
+        except ConfigError:
+            engine.close()
+            raise
+    return engine
 
 
 def ensure_profile(engine, spec: str = "auto", notify: Notify | None = None, remeasure: bool = False,

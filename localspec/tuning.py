@@ -39,6 +39,8 @@ def profile_key(engine) -> str:
     }
     if engine.flash_attn != "auto":  # other pass costs; profiles measured before the flag keep their key
         parts["flash_attn"] = engine.flash_attn
+    if load.exact:  # other kernels, other costs
+        parts["exact"] = True
     return json.dumps(parts, sort_keys=True)
 
 

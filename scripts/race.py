@@ -8,6 +8,7 @@ Servers (each on its own loopback port, started here and stopped at the end):
 and, to take a difference apart:
   localspec-plain  `localspec serve --spec off` (the same engine, never drafting)
   localspec-fa-on  `localspec serve -fa on` (llama.cpp's flash-attention kernel, llama-server's choice)
+  localspec-exact  `localspec serve --exact` (batch-invariant kernels), and localspec-exact-plain, its --spec off
   llama-fa-off     llama-server -fa off (the attention kernel localspec uses on a CPU)
 llama-server is built once from the llama-cpp-python sdist this project installs (llama.cpp's own code
 of the version localspec runs on) into ~/.cache/localspec, never into the repository.
@@ -17,7 +18,10 @@ only once every server has been quiet (no CPU time used) for a moment, so no ser
 lands on another's request. Greedy, OpenAI chat API, not streamed. Per workload and server: end-to-end
 tok/s (tokens generated, the end of text counted for every server as llama-server counts it, / wall time
 of the request) and decode tok/s (the server's own `timings`: steps after the first token / their time), the
-ratios to llama-server plain and --spec-default, and whether the greedy texts equal llama-server plain's.
+ratios to llama-server plain and --spec-default, and how many greedy texts equal llama-server plain's and the
+server's own plain twin's (localspec's --spec off, llama-server's plain). With --repeat every request is sent
+again afterwards, in reverse order after a sampled one, and each server's second answers are compared with its
+first: a greedy answer should not depend on what the server did before.
 
 Workloads, prompts of this script's own on real files (Python's standard library of the running
 interpreter, so every machine has them):
@@ -146,6 +150,23 @@ class Entrant:
                 "thread_changes": out.get("localspec", {}).get("stats", {}).get("thread_changes")}
 
 
+NOISE = {"messages": [{"role": "user", "content": "Write a limerick about a cache that forgot everything."}],
+         "max_tokens": 60, "temperature": 0.9, "seed": 7}
+
+
+def repeat(servers: list[Entrant], results: list[dict], bodies: list[dict], gap: float) -> None:
+    """Every request again, in reverse order after a sampled answer: row["again"][server] is the second answer."""
+    for s in servers:
+        s.ask(NOISE)
+    for row, body in reversed(list(zip(results, bodies))):
+        row["again"] = {}
+        for s in servers:
+            wait_quiet(servers, quiet_s=1.0, gap_s=gap)
+            row["again"][s.name] = s.ask(body)
+            print(f"again {row['workload']} {s.name}: same text {row['again'][s.name]['text'] == row[s.name]['text']}",
+                  file=sys.stderr)
+
+
 def wait_quiet(servers: list[Entrant], quiet_s: float, gap_s: float, limit_s: float = 120) -> None:
     """Sleep gap_s, then until no server has used CPU for quiet_s (their idle work done), at most limit_s."""
     time.sleep(gap_s)
@@ -157,7 +178,11 @@ def wait_quiet(servers: list[Entrant], quiet_s: float, gap_s: float, limit_s: fl
             return
 
 
-LOCALSPEC_ARGS = {"localspec": [], "localspec-plain": ["--spec", "off"], "localspec-fa-on": ["-fa", "on"]}
+LOCALSPEC_ARGS = {"localspec": [], "localspec-plain": ["--spec", "off"], "localspec-fa-on": ["-fa", "on"],
+                  "localspec-exact": ["--exact"], "localspec-exact-plain": ["--exact", "--spec", "off"]}
+# the plain decoding each server's greedy text is promised to equal (the same engine and kernels, never drafting)
+PLAIN_TWIN = {"localspec": "localspec-plain", "localspec-fa-on": "localspec-plain",
+              "localspec-exact": "localspec-exact-plain", "llama-spec": "llama", "llama-draft": "llama"}
 LLAMA_ENTRANTS = ("llama", "llama-spec", "llama-draft", "llama-fa-off")
 
 
@@ -196,15 +221,24 @@ def summarize(results: list[dict], names: list[str]) -> list[dict]:
                          "decode": sum(x["steps"] for x in rs) / decode_s if decode_s else 0.0,
                          "tokens": toks, "drafted": sum(x["draft_n"] for x in rs),
                          "accepted": sum(x["draft_n_accepted"] for x in rs)}
-        same = [r.get("same_as_llama") for r in results if r["workload"] == w and r.get("same_as_llama") is not None]
         for name, v in per.items():
+            v["texts_equal"] = _equal_count([r for r in results if r["workload"] == w], name, "llama")
+            v["texts_equal_twin"] = _equal_count([r for r in results if r["workload"] == w], name, PLAIN_TWIN.get(name))
+            v["texts_equal_again"] = _equal_count([r for r in results if r["workload"] == w], name, "again")
             for base in ("llama", "llama-spec"):
                 if base in per and name != base:
                     v[f"e2e_vs_{base}"] = v["e2e"] / per[base]["e2e"]
                     v[f"decode_vs_{base}"] = v["decode"] / per[base]["decode"] if per[base]["decode"] else None
-            rows.append({"workload": w, "server": name, **v,
-                         "texts_equal": f"{sum(same)}/{len(same)}" if name == "localspec" and same else ""})
+            rows.append({"workload": w, "server": name, **v})
     return rows
+
+
+def _equal_count(rows: list[dict], name: str, other: str | None) -> str:
+    """How many of `name`'s texts equal `other`'s ("again": its own second answers) on the same requests."""
+    pairs = [(r[name]["text"], (r["again"].get(name) if other == "again" else r.get(other, {})).get("text"))
+             for r in rows if name in r and other and other != name and (other != "again" or "again" in r)]
+    pairs = [(a, b) for a, b in pairs if b is not None]
+    return f"{sum(a == b for a, b in pairs)}/{len(pairs)}" if pairs else ""
 
 
 def print_spread(results: list[dict]) -> None:
@@ -223,13 +257,15 @@ def print_table(rows: list[dict]) -> None:
         return fmt.format(x) if isinstance(x, (int, float)) else "—"
 
     print("| workload | server | tokens | end-to-end tok/s | decode tok/s | e2e / llama | decode / llama | "
-          "e2e / llama-spec | decode / llama-spec | drafts accepted | greedy text = llama |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|")
+          "e2e / llama-spec | decode / llama-spec | drafts accepted | greedy text = llama | = own plain | "
+          "= its first answer |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for r in rows:
         acc = f"{r['accepted']}/{r['drafted']}" if r["drafted"] else "—"
         print(f"| {r['workload']} | {r['server']} | {r['tokens']} | {f(r['e2e'], '{:.1f}')} | {f(r['decode'], '{:.1f}')} | "
               f"{f(r.get('e2e_vs_llama'))} | {f(r.get('decode_vs_llama'))} | {f(r.get('e2e_vs_llama-spec'))} | "
-              f"{f(r.get('decode_vs_llama-spec'))} | {acc} | {r['texts_equal']} |")
+              f"{f(r.get('decode_vs_llama-spec'))} | {acc} | {r['texts_equal']} | {r['texts_equal_twin']} | "
+              f"{r['texts_equal_again']} |")
 
 
 def main() -> int:
@@ -240,6 +276,8 @@ def main() -> int:
     p.add_argument("--gap", type=float, default=2.0, help="seconds of quiet before each request (default 2)")
     p.add_argument("--llama-server", type=Path, help="a llama-server binary (default: built from the sdist, cached)")
     p.add_argument("--json", type=Path, help="write every request's figures and texts here")
+    p.add_argument("--repeat", action="store_true",
+                   help="send every request again afterwards (reverse order, after a sampled one): same answers?")
     a = p.parse_args()
 
     names = a.servers.split(",")
@@ -254,12 +292,13 @@ def main() -> int:
         for s in servers:
             s.ask({"messages": [{"role": "user", "content": "Say hi."}], "max_tokens": 8, "temperature": 0})
         wait_quiet(servers, quiet_s=3.0, gap_s=a.gap, limit_s=300)
-        results = []
+        results, sent = [], []
         for i, (w, body) in enumerate(workloads(a.workloads.split(","), a.quick)):
             order = servers[i % len(servers):] + servers[:i % len(servers)]
             if i % 2:
                 order.reverse()
             row = {"workload": w}
+            sent.append(body)
             for s in order:
                 wait_quiet(servers, quiet_s=1.0, gap_s=a.gap)
                 others = [(o, o.cpu_s()) for o in servers if o is not s]
@@ -269,9 +308,9 @@ def main() -> int:
                 print(f"{w} #{i} {s.name}: {row[s.name]['tokens']} tokens, {row[s.name]['e2e_tps']:.1f} e2e, "
                       f"{row[s.name]['decode_tps']:.1f} decode tok/s, others' CPU meanwhile "
                       f"{row[s.name]['bystander_cpu_s']:.2f} s", file=sys.stderr)
-            if "llama" in row and "localspec" in row:
-                row["same_as_llama"] = row["localspec"]["text"] == row["llama"]["text"]
             results.append(row)
+        if a.repeat:
+            repeat(servers, results, sent, a.gap)
     finally:
         for s in servers:
             s.stop()

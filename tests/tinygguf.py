@@ -64,7 +64,9 @@ def tiny_vocab(fim: bool = False) -> tuple[list[str], list[float], list[int]]:
 
 
 def build_tiny_model(path: str | Path, seed: int = 0, perturb: float = 0.0, perturb_seed: int = 1,
-                     chat_template: str | None = CHATML, out_scale: float = 4.0, fim: bool = False) -> Path:
+                     chat_template: str | None = CHATML, out_scale: float = 4.0, fim: bool = False,
+                     width: int = N_EMBD) -> Path:
+    """width: the model's embedding size (256 lets llama.cpp quantize every matrix to a K-quant)."""
     import gguf
 
     path = Path(path)
@@ -80,15 +82,16 @@ def build_tiny_model(path: str | Path, seed: int = 0, perturb: float = 0.0, pert
             a = a + noise.standard_normal(shape).astype(np.float32) * scale * perturb
         return a.astype(np.float16)  # F16 matrices: llama.cpp's CPU mul_mat path for F32 weights is not used
 
+    n_ff = 2 * width
     writer = gguf.GGUFWriter(str(path), "llama")
     writer.add_name(f"tiny-llama-seed{seed}-perturb{perturb}")
     writer.add_context_length(N_CTX_TRAIN)
-    writer.add_embedding_length(N_EMBD)
+    writer.add_embedding_length(width)
     writer.add_block_count(N_LAYER)
-    writer.add_feed_forward_length(N_FF)
+    writer.add_feed_forward_length(n_ff)
     writer.add_head_count(N_HEAD)
     writer.add_head_count_kv(N_HEAD)
-    writer.add_rope_dimension_count(N_EMBD // N_HEAD)
+    writer.add_rope_dimension_count(width // N_HEAD)
     writer.add_layer_norm_rms_eps(1e-5)
     writer.add_file_type(1)  # MOSTLY_F16
     writer.add_tokenizer_model("llama")
@@ -106,19 +109,19 @@ def build_tiny_model(path: str | Path, seed: int = 0, perturb: float = 0.0, pert
         for key, text in FIM_TOKENS.items():
             writer.add_uint32(f"tokenizer.ggml.fim_{key}_token_id", tokens.index(text))
 
-    writer.add_tensor("token_embd.weight", w(n_vocab, N_EMBD, scale=1.0))
+    writer.add_tensor("token_embd.weight", w(n_vocab, width, scale=1.0))
     for i in range(N_LAYER):
-        writer.add_tensor(f"blk.{i}.attn_norm.weight", np.ones(N_EMBD, dtype=np.float32))
-        writer.add_tensor(f"blk.{i}.attn_q.weight", w(N_EMBD, N_EMBD))
-        writer.add_tensor(f"blk.{i}.attn_k.weight", w(N_EMBD, N_EMBD))
-        writer.add_tensor(f"blk.{i}.attn_v.weight", w(N_EMBD, N_EMBD))
-        writer.add_tensor(f"blk.{i}.attn_output.weight", w(N_EMBD, N_EMBD))
-        writer.add_tensor(f"blk.{i}.ffn_norm.weight", np.ones(N_EMBD, dtype=np.float32))
-        writer.add_tensor(f"blk.{i}.ffn_gate.weight", w(N_FF, N_EMBD))
-        writer.add_tensor(f"blk.{i}.ffn_up.weight", w(N_FF, N_EMBD))
-        writer.add_tensor(f"blk.{i}.ffn_down.weight", w(N_EMBD, N_FF))
-    writer.add_tensor("output_norm.weight", np.ones(N_EMBD, dtype=np.float32))
-    writer.add_tensor("output.weight", w(n_vocab, N_EMBD, scale=out_scale / np.sqrt(N_EMBD)))
+        writer.add_tensor(f"blk.{i}.attn_norm.weight", np.ones(width, dtype=np.float32))
+        writer.add_tensor(f"blk.{i}.attn_q.weight", w(width, width))
+        writer.add_tensor(f"blk.{i}.attn_k.weight", w(width, width))
+        writer.add_tensor(f"blk.{i}.attn_v.weight", w(width, width))
+        writer.add_tensor(f"blk.{i}.attn_output.weight", w(width, width))
+        writer.add_tensor(f"blk.{i}.ffn_norm.weight", np.ones(width, dtype=np.float32))
+        writer.add_tensor(f"blk.{i}.ffn_gate.weight", w(n_ff, width))
+        writer.add_tensor(f"blk.{i}.ffn_up.weight", w(n_ff, width))
+        writer.add_tensor(f"blk.{i}.ffn_down.weight", w(width, n_ff))
+    writer.add_tensor("output_norm.weight", np.ones(width, dtype=np.float32))
+    writer.add_tensor("output.weight", w(n_vocab, width, scale=out_scale / np.sqrt(width)))
 
     writer.write_header_to_file()
     writer.write_kv_data_to_file()

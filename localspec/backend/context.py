@@ -15,6 +15,7 @@ from .model import Model
 
 
 FLASH_ATTN = {"auto": -1, "off": 0, "on": 1}  # llama_flash_attn_type
+KV_TYPES = {"f16": 1, "bf16": 30}  # ggml_type of the K and V caches
 
 
 class Context:
@@ -23,7 +24,8 @@ class Context:
     `seq_tokens`. Every call into llama.cpp holds `lock`, so threads may share a context."""
 
     def __init__(self, model: Model, n_ctx: int = 4096, n_batch: int = 512, n_threads: int | None = None,
-                 n_threads_batch: int | None = None, n_seq: int = 1, flash_attn: str = "auto"):
+                 n_threads_batch: int | None = None, n_seq: int = 1, flash_attn: str = "auto",
+                 kv_type: str = "f16"):
         L = model.L
         threads = n_threads or (os.cpu_count() or 1)
         cp = L.llama_context_default_params()
@@ -36,6 +38,7 @@ class Context:
         cp.n_threads_batch = n_threads_batch or threads
         cp.no_perf = True
         cp.flash_attn_type = FLASH_ATTN[flash_attn]
+        cp.type_k = cp.type_v = KV_TYPES[kv_type]
         self.ptr = L.llama_init_from_model(model.ptr, cp)
         if not self.ptr:
             raise ModelLoadError(f"llama.cpp could not create a {n_ctx}-token context for {model.path.name} "

@@ -51,7 +51,9 @@ def llama():
 
 class Model:
     def __init__(self, path: str | os.PathLike, n_gpu_layers: int = -1, rpc_servers: str | None = None,
-                 mmap: bool = False):
+                 mmap: bool = False, repack: bool = True):
+        """repack: let llama.cpp put the weights in its extra CPU layouts (faster; off for --exact, whose
+        kernels must give a row the same bits whatever the batch: exact.py)."""
         L = llama()
         self.path = Path(path)
         check_model_file(self.path)
@@ -63,7 +65,7 @@ class Model:
             params.use_mmap = mmap
         if rpc_servers:
             add_rpc_servers(rpc_servers)
-        if amx_kernel_avoided():  # its weights would go to llama.cpp's AMX kernel, which crashes (machine.py)
+        if not repack or amx_kernel_avoided():  # AMX: its kernel would crash here (machine.py)
             params.use_extra_bufts = False
         releaser = MappedPageReleaser(self.path) if mmap else None
         if releaser is not None and releaser.supported:

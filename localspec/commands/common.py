@@ -35,6 +35,9 @@ def add_model_args(p: argparse.ArgumentParser, positional_pair: bool = False) ->
                    help="llama.cpp's flash attention, like its -fa (default auto: llama.cpp's choice on a GPU; on "
                         "a CPU the kernel whose answers' tokens cost less, flash attention on a tie, "
                         "measured once; off costs a bigger compute buffer: see README, Serve)")
+    g.add_argument("--exact", action="store_true", default=False,
+                   help="greedy speculation byte-identical to plain decoding on every request: llama.cpp's "
+                        "batch-invariant CPU kernels, at some speed (K-quant models; see docs/EXACT.md)")
 
 
 def add_gen_args(p: argparse.ArgumentParser, unlimited: bool = False) -> None:
@@ -128,7 +131,7 @@ def model_choice(args) -> ModelChoice:
                        draft=args.draft, pull=getattr(args, "pull", False), ctx_size=args.ctx_size,
                        threads=args.threads, n_gpu_layers=args.n_gpu_layers, mmap=getattr(args, "mmap", None),
                        n_gpu_layers_draft=getattr(args, "n_gpu_layers_draft", None),
-                       flash_attn=getattr(args, "flash_attn", None))
+                       flash_attn=getattr(args, "flash_attn", None), exact=getattr(args, "exact", False))
 
 
 def gen_choice(args) -> GenChoice:

@@ -158,7 +158,8 @@ VERIFY_PROMPTS = [
 
 def cmd_verify(args) -> int:
     from ..config import GenConfig
-    from ..verify import verify_exactness
+    from ..session import ensure_profile
+    from ..verify import history_independence, verify_exactness
 
     other = read_verify_report(args.against) if args.against else None
     choice = model_choice(args)
@@ -166,7 +167,13 @@ def cmd_verify(args) -> int:
     cfg = GenConfig(temperature=0.0, spec="on", draft_max=args.draft_max, max_tokens=args.max_tokens,
                     drafter=args.drafter or ("model" if sel.draft else "ngram"))
     engine = open_engine(sel, load_config(choice, sel))
-    report = verify_exactness(engine, [engine.prompt_tokens(p) for p in VERIFY_PROMPTS], cfg)
+    prompts = [engine.prompt_tokens(p) for p in VERIFY_PROMPTS]
+    if choice.exact:  # its auto runs price drafts by this machine's figures (greedy ones elsewhere need none)
+        ensure_profile(engine, "auto", stderr_note)
+    history = history_independence(engine, prompts, GenConfig(temperature=0.0, max_tokens=args.max_tokens))
+    report = verify_exactness(engine, prompts, cfg, exact=choice.exact) | {"history": history}
+    if choice.exact and any(i is not None for i in history["parted_at"]):
+        report["verdict"] = "MISMATCH"
     against = compare_reports(report, other, args.against) if other is not None else None
     if args.json:
         print(json.dumps(report | ({"against": against} if against else {}), indent=2))
@@ -179,7 +186,10 @@ def cmd_verify(args) -> int:
             else:
                 print(f"prompt {i + 1}: parted at token {r['parted_at']}, plain-run top-1/top-2 margin "
                       f"{r['margin']:.4f} ({'near-tie' if r['near_tie'] else 'NOT a near-tie'})")
-        print(f"verdict: {report['verdict']}")
+        parted = [i for i in history["parted_at"] if i is not None]
+        print(f"history: {len(prompts) - len(parted)} of {len(prompts)} answers (--spec auto) the same fresh and "
+              f"after other requests" + (f"; parted at token {', '.join(map(str, parted))}" if parted else ""))
+        print(f"verdict: {report['verdict']}" + (" (--exact: byte-identical required)" if choice.exact else ""))
         if against:
             print_comparison(against, args.against)
     ok = report["verdict"] == "OK" and (against is None or against["verdict"] == "OK")

@@ -105,7 +105,7 @@ def same_pair(props: dict, target: str, draft: str | None, load: dict | None = N
 def load_flags(models) -> dict:
     """The load settings a user gave (a ModelChoice's): a server loaded with other ones is not used."""
     given = {"ctx_size": models.ctx_size, "threads": models.threads, "n_gpu_layers": models.n_gpu_layers,
-             "mmap": models.mmap, "flash_attn": models.flash_attn}
+             "mmap": models.mmap, "flash_attn": models.flash_attn, "exact": models.exact or None}
     return {k: v for k, v in given.items() if v is not None}
 
 

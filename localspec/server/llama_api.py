@@ -107,7 +107,8 @@ async def props(request: Request, state: ServerState) -> Response:
                       "profile": asdict(srv.engine.profile) if srv.engine.profile is not None else None,
                       "load": {"ctx_size": sess.load.n_ctx, "threads": sess.load.n_threads,
                                "n_gpu_layers": sess.load.n_gpu_layers_target, "mmap": sess.load.mmap,
-                               "flash_attn": sess.load.flash_attn, "flash_attn_in_use": srv.engine.flash_attn}},
+                               "flash_attn": sess.load.flash_attn, "flash_attn_in_use": srv.engine.flash_attn,
+                               "exact": sess.load.exact}},
     })
 
 

@@ -207,6 +207,7 @@ def gen_settings(body: dict, defaults: GenConfig, oai: bool) -> tuple[GenConfig,
     _samplers(body, cfg)
     _speculative(body, cfg)
     cfg.prediction = prediction(body)
+    cfg.exact = boolean(body, "exact", defaults.exact)  # localspec's: byte-identical to plain decoding
     cfg.grammar = requested_grammar(body)
     extras = Extras(stream=boolean(body, "stream"), n_indent=integer(body, "n_indent", 0, 0),
                     t_max_predict_ms=integer(body, "t_max_predict_ms", 0, 0), logit_bias=logit_bias(body),
