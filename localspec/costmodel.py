@@ -17,6 +17,7 @@ import json
 import math
 import statistics
 import time
+from functools import lru_cache
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
@@ -189,6 +190,7 @@ REFERENCE_SIZES = (1, 2, 4, 8, 16, 32, 64)
 REFERENCE_VERIFY = {"cpu": (1.0, 1.8, 2.9, 6.9, 8.3, 13.6, 24.1), "gpu": (1.0, 2.66, 2.84, 3.0, 3.3, 4.0, 5.3)}
 
 
+@lru_cache(maxsize=None)
 def reference_profile(device: str) -> "CostProfile":
     """The reference pass curve of a "cpu" or "gpu" (no draft model price: a greedy request's draft-model
     proposals depend on its draft cache's history, so they are not priced in)."""

@@ -198,8 +198,7 @@ class Engine:
         return cpu_kernel(model, load.n_threads, load.n_threads_batch, notify) if model is not None else "off"
 
     def decides_from_request_alone(self, cfg: GenConfig) -> bool:
-        """A greedy run's text is the same for every run of its request only if they verify the same drafts
-        (a batched row can part from a single-token decode at a near-tie); under --exact no row parts."""
+        """Greedy text repeats only with the same passes (drafts, prompt slices): docs/EXACT.md; not under --exact."""
         return cfg.temperature <= 0 and not self.load.exact
 
     def _expected_pass_s(self, n_tokens: int) -> float | None:
@@ -329,7 +328,7 @@ class Engine:
         decode_before = tgt.decode_s + lane.draft_decode_s()
 
         t0 = time.perf_counter()
-        first = self._start(lane, priority, seq, stats, cancel)
+        first = self._start(lane, priority, seq, stats, cancel, align=self.decides_from_request_alone(cfg))
         if first is None:
             stats.stop_reason = "cancelled"  # during the prompt
             return
@@ -392,7 +391,8 @@ class Engine:
         load = (lambda: self.batcher.others(lane.seq)) if self.batcher is not None else None
         return drafter, make_policy(cfg, profile, drafter, load)
 
-    def _start(self, lane: Lane, priority: bool, seq: list[int], stats: Stats, cancel) -> np.ndarray | None:
+    def _start(self, lane: Lane, priority: bool, seq: list[int], stats: Stats, cancel,
+               align: bool = False) -> np.ndarray | None:
         """Join the batch (a server's lane) and bring the cache to the whole prompt, reusing a cached
         prefix: the logits row of its last token (the first token's distribution), or None (the lane left
         again) when cancelled during the prompt."""
@@ -401,7 +401,7 @@ class Engine:
         with self._shared_fill(lane, seq[:-1], cancel):
             self._enter(lane, priority)
             try:
-                first = self._fill(seq, stats, cancel, step=CANCEL_STEP, lane=lane, answer=True)
+                first = self._fill(seq, stats, cancel, step=CANCEL_STEP, lane=lane, answer=True, align=align)
                 if first is not None:
                     return first
             except BaseException:
@@ -461,7 +461,7 @@ class Engine:
         return stats
 
     def _fill(self, tokens: list[int], stats: Stats, should_stop=None, step: int = BACKGROUND_STEP,
-              lane: Lane | None = None, answer: bool = False) -> np.ndarray | None:
+              lane: Lane | None = None, answer: bool = False, align: bool = False) -> np.ndarray | None:
         """Bring the lane's cache to `tokens`, from the best cached prompt when there is a cache; with
         `answer`, the logits row of the last token, which went in the prompt's pass. It stops short (no
         row) when `should_stop` ended it first (asked between slices: a warm-up's slice in flight is
@@ -472,7 +472,7 @@ class Engine:
             use = self.prompt_cache.prepare(tokens, target)
             stats.cache_restored, stats.cache_entries = use.restored, use.entries
         if answer:
-            stats.prompt_eval_tokens, row = fill_to_answer(target, tokens, should_stop, step)
+            stats.prompt_eval_tokens, row = fill_to_answer(target, tokens, should_stop, step, align)
         else:
             stats.prompt_eval_tokens, row = target.sync(tokens, should_stop, step=step), None
         stats.prompt_eval_s = time.perf_counter() - t0

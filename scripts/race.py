@@ -9,6 +9,7 @@ and, to take a difference apart:
   localspec-plain  `localspec serve --spec off` (the same engine, never drafting)
   localspec-fa-on  `localspec serve -fa on` (llama.cpp's flash-attention kernel, llama-server's choice)
   localspec-exact  `localspec serve --exact` (batch-invariant kernels), and localspec-exact-plain, its --spec off
+  localspec@REV    `localspec serve` from this repository's commit REV (a git worktree): before against after
   llama-fa-off     llama-server -fa off (the attention kernel localspec uses on a CPU)
 llama-server is built once from the llama-cpp-python sdist this project installs (llama.cpp's own code
 of the version localspec runs on) into ~/.cache/localspec, never into the repository.
@@ -20,8 +21,8 @@ tok/s (tokens generated, the end of text counted for every server as llama-serve
 of the request) and decode tok/s (the server's own `timings`: steps after the first token / their time), the
 ratios to llama-server plain and --spec-default, and how many greedy texts equal llama-server plain's and the
 server's own plain twin's (localspec's --spec off, llama-server's plain). With --repeat every request is sent
-again afterwards, in reverse order after a sampled one, and each server's second answers are compared with its
-first: a greedy answer should not depend on what the server did before.
+again afterwards to localspec's drafting servers, in reverse order after a sampled one, and their second
+answers are compared with their first: a greedy answer should not depend on what the server did before.
 
 Workloads, prompts of this script's own on real files (Python's standard library of the running
 interpreter, so every machine has them):
@@ -155,12 +156,14 @@ NOISE = {"messages": [{"role": "user", "content": "Write a limerick about a cach
 
 
 def repeat(servers: list[Entrant], results: list[dict], bodies: list[dict], gap: float) -> None:
-    """Every request again, in reverse order after a sampled answer: row["again"][server] is the second answer."""
-    for s in servers:
+    """Every request again to the servers that draft (localspec's; their plain twins have nothing to draft
+    differently), in reverse order after a sampled answer: row["again"][server] is the second answer."""
+    drafting = [s for s in servers if s.name in PLAIN_TWIN and s.name in LOCALSPEC_ARGS]
+    for s in drafting:
         s.ask(NOISE)
     for row, body in reversed(list(zip(results, bodies))):
         row["again"] = {}
-        for s in servers:
+        for s in drafting:
             wait_quiet(servers, quiet_s=1.0, gap_s=gap)
             row["again"][s.name] = s.ask(body)
             print(f"again {row['workload']} {s.name}: same text {row['again'][s.name]['text'] == row[s.name]['text']}",
@@ -195,15 +198,29 @@ def start_servers(names: list[str], work: Path, llama_server: Path | None) -> li
              "llama-fa-off": ["-fa", "off"]}
     servers = []
     for name in names:
-        if name in LOCALSPEC_ARGS:  # a data root of its own (the defaults' unless LOCALSPEC_HOME names one)
+        if name in LOCALSPEC_ARGS or name.startswith("localspec@"):  # a data root of its own (the defaults'
+            # unless LOCALSPEC_HOME names one)
             home = Path(os.environ.get("LOCALSPEC_HOME") or work / "home") if name == "localspec" else work / name
-            srv = ServerProcess(LOCALSPEC_ARGS[name], home, wait=False)
+            cwd = checkout(name.partition("@")[2], work) if "@" in name else None
+            srv = ServerProcess(LOCALSPEC_ARGS.get(name, []), home, wait=False, cwd=cwd)
             srv.wait_ready(timeout=600)
         else:
             llama_server = llama_server or llamacpp_tools.build("llama-server")
             srv = llamacpp_tools.LlamaServer(llama_server, str(pair.target_path), flags[name], work / f"{name}.log")
         servers.append(Entrant(name, srv.port, srv.proc, srv.stop))
     return servers
+
+
+def checkout(rev: str, work: Path) -> Path:
+    """This repository at `rev`, as a git worktree under `work` (removed from git's list at once; the files stay)."""
+    repo = Path(__file__).resolve().parent.parent
+    path = work / f"at-{rev}"
+    subprocess.run(["git", "-C", str(repo), "worktree", "add", "--detach", str(path), rev], check=True,
+                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    subprocess.run(["git", "-C", str(repo), "worktree", "prune"], check=False)
+    (path / ".git").unlink(missing_ok=True)  # a plain copy from now on: nothing to clean up in the repository
+    subprocess.run(["git", "-C", str(repo), "worktree", "prune"], check=False)
+    return path
 
 
 def summarize(results: list[dict], names: list[str]) -> list[dict]:
@@ -235,7 +252,7 @@ def summarize(results: list[dict], names: list[str]) -> list[dict]:
 
 def _equal_count(rows: list[dict], name: str, other: str | None) -> str:
     """How many of `name`'s texts equal `other`'s ("again": its own second answers) on the same requests."""
-    pairs = [(r[name]["text"], (r["again"].get(name) if other == "again" else r.get(other, {})).get("text"))
+    pairs = [(r[name]["text"], ((r["again"].get(name) if other == "again" else r.get(other)) or {}).get("text"))
              for r in rows if name in r and other and other != name and (other != "again" or "again" in r)]
     pairs = [(a, b) for a, b in pairs if b is not None]
     return f"{sum(a == b for a, b in pairs)}/{len(pairs)}" if pairs else ""
@@ -281,18 +298,18 @@ def main() -> int:
     a = p.parse_args()
 
     names = a.servers.split(",")
-    unknown = set(names) - {*LOCALSPEC_ARGS, *LLAMA_ENTRANTS}
+    unknown = {n for n in names if not n.startswith("localspec@")} - {*LOCALSPEC_ARGS, *LLAMA_ENTRANTS}
     if unknown:
         p.error(f"unknown server {sorted(unknown)[0]!r}")
     work = Path(tempfile.mkdtemp(prefix="localspec-race-"))
     print(f"logs in {work}", file=sys.stderr)
     servers = start_servers(names, work, a.llama_server)
+    results, sent = [], []
     try:
         # one warm-up request each (loads, first cost profile), then time for localspec's idle measurements
         for s in servers:
             s.ask({"messages": [{"role": "user", "content": "Say hi."}], "max_tokens": 8, "temperature": 0})
         wait_quiet(servers, quiet_s=3.0, gap_s=a.gap, limit_s=300)
-        results, sent = [], []
         for i, (w, body) in enumerate(workloads(a.workloads.split(","), a.quick)):
             order = servers[i % len(servers):] + servers[:i % len(servers)]
             if i % 2:
@@ -314,6 +331,8 @@ def main() -> int:
     finally:
         for s in servers:
             s.stop()
+        if a.json:  # whatever was measured, before anything else can fail
+            a.json.write_text(json.dumps({"results": results}, indent=1))
     rows = summarize(results, names)
     print_table(rows)
     print_spread(results)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import atexit
 import json
 import os
 import signal
@@ -14,6 +15,13 @@ import urllib.request
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+_LIVE: set = set()  # servers started and not yet stopped: killed when the test process exits, whatever happened
+
+
+@atexit.register
+def _kill_leftovers() -> None:
+    for srv in list(_LIVE):
+        srv.stop(wait_s=5)
 
 
 def free_port() -> int:
@@ -23,7 +31,9 @@ def free_port() -> int:
 
 
 class ServerProcess:
-    def __init__(self, args: list[str], home: Path, env: dict | None = None, wait: bool = True):
+    def __init__(self, args: list[str], home: Path, env: dict | None = None, wait: bool = True,
+                 cwd: Path | None = None):
+        """cwd: the checkout whose `localspec` runs (default: this one)."""
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.home = home
@@ -33,12 +43,21 @@ class ServerProcess:
         home.mkdir(parents=True, exist_ok=True)
         self.log_file = open(self.log, "w")
         self.proc = subprocess.Popen([sys.executable, "-m", "localspec", "serve", "--port", str(self.port), *args],
-                                     cwd=ROOT, env=self.env, stdout=self.log_file, stderr=subprocess.STDOUT,
+                                     cwd=cwd or ROOT, env=self.env, stdout=self.log_file, stderr=subprocess.STDOUT,
                                      stdin=subprocess.DEVNULL)
+        _LIVE.add(self)
         if wait:
             self.wait_ready()
 
     def wait_ready(self, timeout: float = 120.0) -> None:
+        """Until /health answers 200; a server that exits or never gets there is stopped, then reported."""
+        try:
+            self._wait_ready(timeout)
+        except BaseException:
+            self.stop(wait_s=10)
+            raise
+
+    def _wait_ready(self, timeout: float) -> None:
         end = time.monotonic() + timeout
         while time.monotonic() < end:
             if self.proc.poll() is not None:
@@ -72,16 +91,17 @@ class ServerProcess:
             self.log_file.flush()
         return self.log.read_text()
 
-    def stop(self) -> int:
-        """Ctrl-C, as a user stops it; returns the exit code."""
+    def stop(self, wait_s: float = 60) -> int:
+        """Ctrl-C, as a user stops it (killed after wait_s); returns the exit code."""
         if self.proc.poll() is None:
             self.proc.send_signal(signal.SIGINT)
             try:
-                self.proc.wait(timeout=60)
+                self.proc.wait(timeout=wait_s)
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait()
         self.log_file.close()
+        _LIVE.discard(self)
         return self.proc.returncode
 
 

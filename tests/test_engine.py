@@ -336,13 +336,18 @@ def test_the_prompts_own_pass_gives_the_first_token(perturbed, monkeypatch):
     while len(ref) < 9:
         ref.append(int(e.target.eval([ref[-1]], logits="last")[0].argmax()))
     assert tokens == ref
-    # a prompt the cache holds whole already (the last answer was cut off at once): its last token goes again
-    monkeypatch.undo()
-    e.target.reset()
-    e.target.eval(prompt, logits="none")
-    log = PassLog(e.target, monkeypatch)
-    again, _, st = run(e, prompt, GenConfig(temperature=0, spec="off", max_tokens=9))
-    assert again == tokens and st.prompt_eval_tokens == 1 and log.passes[0] == (prompt[-1:], "last")
+    # a prompt the cache holds whole already (the last answer was cut off at once): a sampled request
+    # evaluates its last token again; a greedy one splits the prompt as a fresh evaluation does (whole
+    # 256-token slices reused only), so its answer repeats whatever the cache held (docs/EXACT.md)
+    for cfg, evaluated in ((GenConfig(temperature=0.7, seed=1, spec="off", max_tokens=9), prompt[-1:]),
+                           (GenConfig(temperature=0, spec="off", max_tokens=9), prompt)):
+        monkeypatch.undo()
+        e.target.reset()
+        e.target.eval(prompt, logits="none")
+        log = PassLog(e.target, monkeypatch)
+        again, _, st = run(e, prompt, cfg)
+        assert st.prompt_eval_tokens == len(evaluated) and log.passes[0] == (evaluated, "last")
+    assert again == tokens
 
 
 def test_a_first_round_draft_goes_in_a_pass_of_its_own_tokens(same, monkeypatch):
@@ -375,13 +380,19 @@ def test_incompatible_pair_is_refused(tiny):
 
 
 def test_conversation_reuses_the_cache(perturbed):
+    """A sampled conversation's next turn reuses the cached one; a greedy one reuses whole 256-token
+    slices of it only (its answer then repeats on a fresh server: docs/EXACT.md)."""
     e = perturbed
     msgs = [Message("user", "hello world")]
     p1 = e.prompt_tokens(msgs)
-    _, reply, _ = run(e, p1, greedy(max_tokens=8))
+    sampled = greedy(max_tokens=8, temperature=0.7, seed=1)
+    _, reply, _ = run(e, p1, sampled)
     p2 = e.prompt_tokens(msgs + [Message("assistant", reply), Message("user", "and the cache")])
-    run(e, p2, greedy(max_tokens=8))
+    run(e, p2, sampled)
     assert e.last_stats.prompt_eval_tokens < len(p2) - len(p1) // 2
+    run(e, p1, greedy(max_tokens=8))
+    run(e, p2, greedy(max_tokens=8))
+    assert e.last_stats.prompt_eval_tokens == len(p2)  # shorter than one slice: evaluated whole
 
 
 def test_rpc_servers_need_an_rpc_build(tiny):

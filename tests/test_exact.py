@@ -40,8 +40,9 @@ def flat_kquant(tmp_path_factory) -> Path:
     return d / "q4km.gguf"
 
 
-def exact_run(model: Path, mode: str, threads: int = THREADS) -> dict:
-    r = subprocess.run([sys.executable, str(HERE / "exact_run.py"), str(model), mode, str(threads)],
+def exact_run(model: Path, mode: str, threads: int = THREADS, draft: Path | None = None) -> dict:
+    r = subprocess.run([sys.executable, str(HERE / "exact_run.py"), str(model), mode, str(threads),
+                        *([str(draft)] if draft else [])],
                        capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr
     return json.loads(r.stdout)
@@ -120,3 +121,13 @@ def test_the_exact_request_field_is_validated():
     with pytest.raises(ApiError) as e:
         gen_settings({"exact": "yes"}, GenConfig(), oai=True)
     assert e.value.status == 400 and '"exact" must be true or false' in str(e.value.body())
+
+
+def test_a_greedy_prompt_reuses_whole_slices_only_and_never_its_last():
+    from localspec.backend.context import aligned_reuse
+
+    assert aligned_reuse(0, 40, 256) == 0
+    assert aligned_reuse(39, 40, 256) == 0  # the same short prompt again: evaluated whole, as the first time
+    assert aligned_reuse(599, 600, 256) == 512 and aligned_reuse(600, 700, 256) == 512
+    assert aligned_reuse(300, 1000, 256) == 256  # a shared system prompt: its whole slices
+    assert aligned_reuse(1000, 513, 256) == 512 and aligned_reuse(1000, 512, 256) == 256

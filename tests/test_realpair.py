@@ -185,3 +185,28 @@ def test_real_pair_every_protocol_streams_the_chat_completions_text(real_pair, t
         assert r.message.tool_calls[0].function.name == "get_weather"
     finally:
         assert srv.stop() == 0, srv.output()
+
+
+@pytest.mark.realpair
+def test_real_pair_exact_speculation_is_byte_identical_to_plain(real_pair):
+    """--exact on the real pair: a batched row has a single-token decode's bits, so greedy speculation with
+    the draft model and n-grams (every round drafting) gives plain decoding's tokens."""
+    from test_exact import exact_run
+
+    out = exact_run(real_pair[0], "exact", 2, real_pair[1])
+    assert out["gap"] == 0.0
+    assert out["on_drafted"] > 50 and out["on"] == out["off"]
+
+
+@pytest.mark.realpair
+def test_real_pair_greedy_answers_do_not_depend_on_earlier_requests(real_pair):
+    from localspec.config import GenConfig, LoadConfig
+    from localspec.engine import Engine
+    from localspec.verify import history_independence
+
+    e = Engine(real_pair[0], real_pair[1], LoadConfig(n_ctx=2048))
+    prompts = [e.prompt_tokens(p) for p in ("Explain what a KV cache is in two sentences.",
+                                             "Write a Python function that reverses the words of a sentence.")]
+    report = history_independence(e, prompts, GenConfig(temperature=0.0, max_tokens=60))
+    e.close()
+    assert report["parted_at"] == [None, None], report

@@ -116,7 +116,8 @@ def test_a_repeated_request_drafts_from_the_earlier_answer(fim_engine):
     e = fim_engine
     e.remember_generations = True
     try:
-        cfg = GenConfig(temperature=0, spec="on", drafter="ngram", draft_max=4, max_tokens=40)
+        # sampled (a greedy request drafts from its own text alone: tests/test_exact.py), but one-hot (top-k 1)
+        cfg = GenConfig(temperature=0.7, top_k=1, seed=1, spec="on", drafter="ngram", draft_max=4, max_tokens=40)
         prompt = e.prompt_tokens("hello world")
         first = [c.token for c in e.generate(prompt, cfg) if c.token is not None]
         second = [c.token for c in e.generate(prompt, cfg) if c.token is not None]
@@ -136,9 +137,11 @@ def test_a_long_prompt_outlives_the_process_on_disk(tiny, tmp_path):
     prompt = [(i * 7) % 200 + 3 for i in range(SAVE_MIN + 300)]
     key = pair_key(str(tiny.fim_target))
 
+    warnings = []
+
     def fresh_engine():
         e = Engine(tiny.fim_target, None, load)
-        e.prompt_cache = PromptCache(e.target, 64 << 20, disk=DiskPrompts(tmp_path, key, 256 << 20))
+        e.prompt_cache = PromptCache(e.target, 64 << 20, disk=DiskPrompts(tmp_path, key, 256 << 20, warnings.append))
         return e
 
     def evaluated(e, tokens) -> int:
@@ -160,10 +163,26 @@ def test_a_long_prompt_outlives_the_process_on_disk(tiny, tmp_path):
     kv.write_bytes(b"\0" * kv.stat().st_size)  # same size, wrong bytes: the checksum catches it
     e = fresh_engine()
     assert evaluated(e, longer) == len(longer) - 1
-    assert not list(tmp_path.rglob("*.kv"))  # the corrupt entry is gone
+    assert not list(tmp_path.rglob("*.kv"))  # the corrupt entry is gone, and said so in one line
+    assert len(warnings) == 1 and warnings[0].startswith(f"dropping the saved prompt {kv} (truncated or damaged)")
     e.close()
     other = DiskPrompts(tmp_path, "another-model.gguf", 256 << 20)
     assert other.best(prompt) == (None, 0)
+
+
+@pytest.mark.parametrize("meta", ["[]", "null", "7", '"text"', "{not json", '{"format": 1}'])
+def test_a_saved_prompt_entry_that_is_not_one_is_dropped_with_a_warning(tmp_path, meta):
+    from localspec.promptdisk import DiskPrompts
+
+    warnings = []
+    disk = DiskPrompts(tmp_path, "model.gguf", 256 << 20, warnings.append)
+    disk.dir.mkdir(parents=True)
+    (disk.dir / "abc.json").write_text(meta)
+    (disk.dir / "abc.kv").write_bytes(b"\0" * 16)
+    assert disk.best([1, 2, 3]) == (None, 0)
+    assert not list(disk.dir.iterdir())
+    assert len(warnings) == 1 and warnings[0].startswith(f"dropping the saved prompt {disk.dir / 'abc.json'} (")
+    assert warnings[0].endswith("); its prompt is evaluated again")
 
 
 def test_tool_calls_with_doubled_braces_are_parsed():

@@ -276,7 +276,8 @@ def sync_cache(cache, tokens: list[int], should_stop=None, step: int = 128, back
     return len(cache.tokens) - n
 
 
-def fill_to_answer(cache, tokens: list[int], should_stop=None, step: int = 128) -> tuple[int, np.ndarray | None]:
+def fill_to_answer(cache, tokens: list[int], should_stop=None, step: int = 128,
+                   align: bool = False) -> tuple[int, np.ndarray | None]:
     """sync_cache for a prompt about to be answered: the prompt's last token goes in the prompt's own
     (last) pass, and that pass's last logits row, the first token's distribution, comes back with the
     count of tokens evaluated; None when `should_stop` ended the fill first. Evaluated alone, as the
@@ -284,9 +285,19 @@ def fill_to_answer(cache, tokens: list[int], should_stop=None, step: int = 128) 
     one more row of the prompt's pass costs a few ms: llama-server's first token comes from the prompt's
     pass too. A prompt the cache holds whole gives its last token again (no row is kept)."""
     n = min(common_prefix(cache.tokens, tokens), len(tokens) - 1)
+    if align:  # every row computed in the same passes as a fresh evaluation's: aligned_reuse says how
+        n, should_stop = aligned_reuse(n, len(tokens), step), should_stop or (lambda: False)
     cache.truncate(n)
     row = _append(cache, tokens[n:], "last", should_stop, step, False)
     return len(cache.tokens) - n, row
+
+
+def aligned_reuse(cached: int, length: int, step: int) -> int:
+    """How much of `cached` matching tokens a prompt of `length` may reuse so that its rows are computed as
+    on a fresh evaluation in `step`-token slices from position 0: whole slices only, and never its last one.
+    llama.cpp's kernel for a row depends on the pass it is in (the last rows of a pass not a multiple of 4
+    and passes under 64 rows take others), so a prompt split elsewhere can part at a near-tie."""
+    return min(cached // step * step, (length - 1) // step * step)
 
 
 def _append(cache, tokens: list[int], logits: str, should_stop, step: int, background: bool) -> np.ndarray | None:
