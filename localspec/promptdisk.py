@@ -18,6 +18,7 @@ import ctypes
 import hashlib
 import json
 import os
+import sys
 import threading
 import zlib
 from dataclasses import dataclass
@@ -38,9 +39,10 @@ class DiskEntry:
     crc: int
 
 
-def pair_key(target_path: str, flash_attn: str = "auto") -> str:
-    """What a saved state depends on: the model file (name and size), the llama.cpp build, and flash
-    attention when set (without it llama.cpp stores V transposed, and refuses the other layout)."""
+def pair_key(target_path: str, flash_attn: str = "auto", exact: bool = False) -> str:
+    """What a saved state depends on: the model file (name and size), the llama.cpp build, flash
+    attention when set (without it llama.cpp stores V transposed, and refuses the other layout), and
+    --exact's cache type (bf16, computed by other kernels)."""
     try:
         import llama_cpp
         build = getattr(llama_cpp, "__version__", "?")
@@ -48,12 +50,15 @@ def pair_key(target_path: str, flash_attn: str = "auto") -> str:
         build = "?"
     p = Path(target_path)
     size = p.stat().st_size if p.exists() else 0
-    return f"{p.name}:{size}:llama-cpp-python {build}" + ("" if flash_attn == "auto" else f":fa {flash_attn}")
+    return (f"{p.name}:{size}:llama-cpp-python {build}" + ("" if flash_attn == "auto" else f":fa {flash_attn}")
+            + (":exact" if exact else ""))
 
 
 class DiskPrompts:
-    def __init__(self, root: Path, key: str, budget_bytes: int):
+    def __init__(self, root: Path, key: str, budget_bytes: int, warn=None):
+        """warn(message): where a damaged entry, dropped, is reported (default: stderr)."""
         self.root, self.key, self.budget = Path(root), key, budget_bytes
+        self.warn = warn or (lambda message: sys.stderr.write(f"localspec: {message}\n"))
         self.dir = self.root / hashlib.sha256(key.encode()).hexdigest()[:16]
         self.entries: list[DiskEntry] | None = None  # read on first use
         self.lock = threading.Lock()
@@ -73,11 +78,15 @@ class DiskPrompts:
     def _read_meta(self, meta: Path) -> DiskEntry | None:
         try:
             m = json.loads(meta.read_text(encoding="utf-8"))
+            if not isinstance(m, dict):
+                raise ValueError(f"a JSON {type(m).__name__}, not an entry")
             kv = meta.with_suffix(".kv")
             if m.get("format") != FORMAT or m.get("key") != self.key or kv.stat().st_size != m["bytes"]:
-                raise ValueError("another pair, format or size")
+                raise ValueError("another format, pair or size")
             return DiskEntry(kv, [int(t) for t in m["tokens"]], int(m["bytes"]), int(m["crc32"]))
-        except (OSError, ValueError, KeyError, TypeError):
+        except (OSError, ValueError, KeyError, TypeError) as e:
+            why = e.strerror if isinstance(e, OSError) and e.strerror else str(e) or type(e).__name__
+            self.warn(f"dropping the saved prompt {meta} ({why}); its prompt is evaluated again")
             self._drop(meta.with_suffix(".kv"))
             return None
 
@@ -103,6 +112,7 @@ class DiskPrompts:
                 return buf
         except OSError:
             pass
+        self.warn(f"dropping the saved prompt {entry.path} (truncated or damaged); its prompt is evaluated again")
         with self.lock:
             self._drop(entry.path)
         return None

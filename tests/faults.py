@@ -72,6 +72,10 @@ HOSTILE_BODIES = [
     ("logit_bias id out of range", "/v1/chat/completions", json.dumps({**CHAT, "logit_bias": {"99999999": 1}}).encode(), 400),
     ("samplers not a list", "/completion", json.dumps({"prompt": "a", "samplers": 5}).encode(), 400),
     ("n_probs huge", "/completion", json.dumps({"prompt": "a", "n_predict": 1, "n_probs": 10**9}).encode(), 200),
+    ("store not a boolean, streamed", "/v1/responses",
+     json.dumps({"input": "hi", "store": "no", "stream": True, "max_output_tokens": 2}).encode(), 400),
+    ("a prompt over the context, streamed", "/v1/chat/completions",
+     json.dumps({"messages": [{"role": "user", "content": "cache " * 40_000}], "stream": True}).encode(), 400),
 ]
 
 
@@ -150,6 +154,98 @@ def probe_hangups(port: int) -> list[Finding]:
         sk.recv(64)
     s, _, raw = post_json(port, "/completion", {"prompt": "the model", "n_predict": 4}, timeout=120)
     return [Finding("serving after hang-ups", s == 200, f"{s}")]
+
+
+# (probe name, method, path, body, expected status, the protocol's error shape: a key path to a message)
+FOREIGN_PATHS = [
+    ("GET on Anthropic's path", "GET", "/v1/messages", None, 405, ("error", "message"), ("type",)),
+    ("unknown Ollama path", "POST", "/api/nope", b"{}", 404, ("error",), ()),
+    ("unknown OpenAI path", "GET", "/v1/nope", None, 404, ("error", "message"), ("error", "code")),
+]
+
+
+def probe_error_shapes(port: int) -> list[Finding]:
+    """A path no route has answers in the error shape of the protocol its path belongs to."""
+    out = []
+    for name, method, path, body, want, msg_path, extra in FOREIGN_PATHS:
+        s, _, raw = request(port, method, path, body, {"Content-Type": "application/json"} if body else {})
+        try:
+            obj = json.loads(raw)
+        except ValueError:
+            obj = None
+        ok = s == want and isinstance(_at(obj, msg_path), str) and _at(obj, extra) is not None
+        out.append(Finding(name, ok, f"{s}: {raw[:100]!r}"))
+    return out
+
+
+def _at(obj, path):
+    """obj[path[0]][path[1]]..., or None where a key is missing."""
+    for k in path:
+        if not isinstance(obj, dict) or k not in obj:
+            return None
+        obj = obj[k]
+    return obj
+
+
+USER = {"role": "user", "content": "weather?"}
+TOOL_USE = {"type": "tool_use", "name": "weather", "input": {}}
+# (probe name, path, body, the field the 400 must name)
+BAD_CALL_IDS = [
+    ("Anthropic tool_use without id", "/v1/messages",
+     {"max_tokens": 4, "messages": [USER, {"role": "assistant", "content": [TOOL_USE]}]}, "messages.1.content.0.id"),
+    ("Anthropic tool_result for an unknown id", "/v1/messages",
+     {"max_tokens": 4, "messages": [USER, {"role": "assistant", "content": [{**TOOL_USE, "id": "toolu_1"}]},
+                                    {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_2",
+                                                                  "content": "sunny"}]}]}, "tool_use_id"),
+    ("Responses output for an unknown call_id", "/v1/responses",
+     {"max_output_tokens": 4, "input": [{"type": "function_call_output", "call_id": "call_9", "output": "sunny"}]},
+     "call_id"),
+]
+
+
+def probe_call_ids(port: int) -> list[Finding]:
+    """Tool results that answer no call: a 400 naming the field, as Anthropic's and OpenAI's APIs answer."""
+    out = []
+    for name, path, body, field in BAD_CALL_IDS:
+        s, _, raw = post_json(port, path, body)
+        out.append(Finding(name, s == 400 and field.encode() in raw, f"{s}: {raw[:140]!r}"))
+    return out
+
+
+def probe_abandoned_waiters(port: int, lanes: int, waiters: int = 68, hold: dict | None = None) -> list[Finding]:
+    """Every lane held by a long stream, `waiters` more clients send and hang up: none of them is counted as
+    waiting afterwards (a new request is queued, not refused with a 503)."""
+    hold = hold or {"prompt": "the cache", "n_predict": 100_000, "ignore_eos": True, "stream": True}
+    streams = []
+    for _ in range(lanes):
+        sk = socket.create_connection(("127.0.0.1", port))
+        body = json.dumps(hold).encode()
+        sk.sendall(b"POST /completion HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+                   + f"Content-Length: {len(body)}\r\n\r\n".encode() + body)
+        sk.recv(64)  # it streams: the lane is taken
+        streams.append(sk)
+    try:
+        for _ in range(waiters):
+            try:
+                post_json(port, "/v1/chat/completions", CHAT, timeout=0.05)
+            except OSError:  # gave up waiting: the client is gone
+                pass
+        deadline, deferred = time.monotonic() + 2.0, None
+        while time.monotonic() < deadline:
+            _, _, raw = request(port, "GET", "/metrics")
+            deferred = next((float(line.split()[-1]) for line in raw.decode().splitlines()
+                             if line.startswith("llamacpp:requests_deferred")), None)
+            if deferred == 0:
+                break
+            time.sleep(0.1)
+        s, _, raw = post_json(port, "/v1/chat/completions", CHAT, timeout=0.5) if deferred == 0 else (0, {}, b"")
+    except OSError as e:  # still waiting for a lane after 0.5 s: queued, as it should be
+        s, raw = 202, str(e).encode()
+    finally:
+        for sk in streams:
+            sk.close()
+    return [Finding(f"{waiters} abandoned waiters leave the queue", deferred == 0, f"deferred {deferred}"),
+            Finding("a new request is queued, not refused", s in (200, 202), f"{s}: {raw[:80]!r}")]
 
 
 def probe_concurrent_streams(port: int, clients: int = 8, each: int = 3) -> list[Finding]:

@@ -18,7 +18,9 @@ from conftest import THREADS
 from faults import (
     post_json,
     probe_big_inputs,
+    probe_call_ids,
     probe_concurrent_streams,
+    probe_error_shapes,
     probe_foreign_pages,
     probe_hangups,
     probe_hostile_bodies,
@@ -74,6 +76,36 @@ def test_cors_names_the_origins_a_browser_may_use(tiny, tmp_path):
 
 def test_big_inputs_do_not_stall_the_server(server):
     assert_findings(probe_big_inputs(server.port, stall_s=1.5))  # lenient: CI machines are noisy
+
+
+def test_foreign_paths_answer_in_their_protocols_error_shape(server):
+    assert_findings(probe_error_shapes(server.port))
+
+
+def test_tool_results_that_answer_no_call_get_a_400_naming_the_field(server):
+    assert_findings(probe_call_ids(server.port))
+
+
+def test_a_waiter_that_hangs_up_leaves_the_queue_at_once():
+    """The count that refuses requests with a 503 is of waiters that are there (on the real pair,
+    scripts/fault-check holds every lane with a long stream and lets 68 clients hang up)."""
+    from localspec.server.jobqueue import JobQueue
+    from localspec.server.metrics import Metrics
+    from localspec.server.protocol import ApiError
+    from localspec.server.worker import MAX_WAITING, Job, ServerSession
+
+    srv = ServerSession.__new__(ServerSession)  # its queue and counters alone: no lane takes a job
+    srv.jobs, srv.metrics = JobQueue(lambda job: None), Metrics()
+    jobs = [Job(None, None, lambda item: None) for _ in range(MAX_WAITING)]
+    for job in jobs:
+        srv.submit(job)
+    with pytest.raises(ApiError, match="already waiting"):
+        srv.submit(Job(None, None, lambda item: None))
+    for job in jobs:
+        srv.withdraw(job)
+    assert srv.jobs.qsize() == 0 and srv.metrics.deferred == 0 and all(j.cancel.is_set() for j in jobs)
+    srv.submit(Job(None, None, lambda item: None))
+    assert srv.metrics.deferred == 1
 
 
 def test_hangups_and_concurrent_streams(server):

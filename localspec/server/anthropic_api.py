@@ -19,14 +19,14 @@ from ..engine import Message
 from . import shapes
 from .chat import END, LENGTH, STOP_SEQUENCE, TOOL_CALLS, ChatRequest, End, Idle, Text, joined_text, open_chat, prompt_size
 from .http import KEEPALIVE_S, ServerState, named_sse, read_body, stream
-from .protocol import ApiError, gen_settings, integer
+from .protocol import LOCALSPEC_FIELDS, ApiError, gen_settings, integer
 from .tools import tool_request
 
 STOP_REASON = {END: "end_turn", STOP_SEQUENCE: "stop_sequence", LENGTH: "max_tokens", TOOL_CALLS: "tool_use"}
 ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
                404: "not_found_error", 413: "request_too_large", 429: "rate_limit_error", 503: "overloaded_error"}
 BILLING = "x-anthropic-billing-header:"
-SETTINGS = ("temperature", "top_p", "top_k", "stream", "spec", "drafter", "speculative", "seed")  # passed through
+SETTINGS = ("temperature", "top_p", "top_k", "stream", "seed", *LOCALSPEC_FIELDS)  # passed through
 
 
 def errors(e: ApiError) -> dict:
@@ -52,7 +52,8 @@ def _system(blocks) -> str:
     return _text_of(blocks, "system")
 
 
-def _turn(m, i: int) -> list[Message]:
+def _turn(m, i: int, call_ids: set) -> list[Message]:
+    """One message as chat turns; call_ids: the tool_use ids of the messages before it (this one's are added)."""
     # Claude Code 2.1 also puts "system" turns among the messages (the agent list); templates render them
     if not isinstance(m, dict) or m.get("role") not in ("user", "assistant", "system"):
         raise ApiError(400, f'messages.{i}: each message needs "role": "user" or "assistant"')
@@ -67,6 +68,9 @@ def _turn(m, i: int) -> list[Message]:
         if kind == "tool_result" and m["role"] == "user":
             if not isinstance(b.get("tool_use_id"), str):
                 raise ApiError(400, f'{where}.{j}: a tool_result needs its "tool_use_id"')
+            if b["tool_use_id"] not in call_ids:
+                raise ApiError(400, f"{where}.{j}.tool_use_id: no tool_use block with id {b['tool_use_id']!r} comes "
+                                    "before this tool_result")
             result = _text_of(b.get("content") or "", f"{where}.{j}.content")
             if b.get("is_error"):
                 result = f"Error: {result}"
@@ -74,7 +78,10 @@ def _turn(m, i: int) -> list[Message]:
         elif kind == "tool_use" and m["role"] == "assistant":
             if not isinstance(b.get("name"), str) or not isinstance(b.get("input", {}), dict):
                 raise ApiError(400, f'{where}.{j}: a tool_use needs a "name" and an "input" object')
-            calls.append({"id": b.get("id") or "", "type": "function",
+            if not isinstance(b.get("id"), str) or not b["id"]:
+                raise ApiError(400, f'{where}.{j}.id: a tool_use needs its "id"')
+            call_ids.add(b["id"])
+            calls.append({"id": b["id"], "type": "function",
                           "function": {"name": b["name"], "arguments": b.get("input") or {}}})
         else:
             texts.append(_text_of([b], where))
@@ -126,8 +133,9 @@ def chat_request(body: dict, state: ServerState, need_max_tokens: bool = True) -
     system = _system(body.get("system") or "")
     if system:
         turns.append(Message("system", system))
+    call_ids: set = set()
     for i, m in enumerate(msgs):
-        turns += _turn(m, i)
+        turns += _turn(m, i, call_ids)
     return ChatRequest(cfg, extras, turns, _tools(body))
 
 

@@ -30,12 +30,28 @@ __all__ = ["ServerState", "create_app"]
 
 
 async def not_found(request: Request, exc) -> Response:
-    status = getattr(exc, "status_code", 404)
+    """404 and 405 in the error shape of the protocol whose paths the request's path is nearest."""
+    status, path = getattr(exc, "status_code", 404), request.url.path
+    shape = errors_for(path)
     if status == 405:
-        return error_response(ApiError(405, f"{request.method} is not allowed on {request.url.path}",
-                                       "invalid_request_error"))
-    return error_response(ApiError(404, f"no endpoint {request.url.path}; see GET /props and the README's "
-                                        "Serve section", "not_found_error"))
+        return error_response(ApiError(405, f"{request.method} is not allowed on {path}", "invalid_request_error"), shape)
+    return error_response(ApiError(404, f"no endpoint {path}; see GET /props and the README's Serve section",
+                                   "not_found_error"), shape)
+
+
+def errors_for(path: str):
+    """The error shape of the protocol with a route sharing the most leading path segments with `path`
+    (`/api/nope` is Ollama's, `/v1/messages` Anthropic's); OpenAI's where none shares more than `/v1`."""
+    def shared(route: str) -> int:  # `v1` alone says nothing: every OpenAI-style protocol starts with it
+        a, b = route.strip("/").split("/"), path.strip("/").split("/")
+        n = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+        return n - (a[0] == "v1" and n > 0)
+    best, shape = 0, openai_error
+    for module in PROTOCOLS:
+        n = max(shared(r[0]) for r in module.ROUTES)
+        if n > best:
+            best, shape = n, getattr(module, "ERRORS", openai_error)
+    return shape
 
 
 def routes() -> list[Route]:

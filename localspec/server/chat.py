@@ -18,7 +18,7 @@ from ..config import GenConfig
 from ..engine import Message
 from ..errors import LocalspecError
 from .http import Run, ServerState
-from .protocol import ApiError, Extras
+from .protocol import ApiError, Extras, check_prompt_fits
 from .tools import CallStream, ToolRequest, call_grammar, require_tools_template, split_calls
 
 # Why an answer ended, in the internal terms each protocol names its own way
@@ -135,8 +135,21 @@ async def open_chat(request: Request, state: ServerState, chat: ChatRequest) -> 
         if forced and chat.cfg.grammar:
             raise ApiError(400, "a required tool call and a structured output format cannot both shape one answer")
         chat.cfg.grammar = forced or chat.cfg.grammar
-    run = Run(state, _prepare(state, chat), chat.extras, slot=chat.slot)
+    prompt = await _fitting_prompt(state, chat)
+    run = Run(state, lambda engine: (prompt, chat.cfg), chat.extras, slot=chat.slot)
     return ChatRun(run, chat, await run.start(request))
+
+
+async def _fitting_prompt(state: ServerState, chat: ChatRequest) -> list[int]:
+    """The request's prompt tokens, made off the event loop before it queues: one that does not fit the
+    context is a 400 at once, whatever the lanes are doing."""
+    engine = state.server.engine
+    try:
+        prompt, _ = await asyncio.to_thread(_prepare(state, chat), engine)
+    except LocalspecError as e:
+        raise ApiError(400, str(e)) from None
+    check_prompt_fits(engine, prompt)
+    return prompt
 
 
 async def prompt_size(engine, messages: list[Message], tools: list | None) -> int:

@@ -122,7 +122,12 @@ class Run:
         self.job = Job(prepare, extras, emit, background=background, slot=slot, priority=priority)
         self.stats = None  # the engine's Stats, once done
         self.live = None  # (source, Stats so far) of the latest text piece, when the request asked for them
+        self.server = state.server
         state.server.submit(self.job)
+
+    def cancel(self) -> None:
+        """The client is gone, or the response ended: the job ends (leaving the queue if it still waits)."""
+        self.server.withdraw(self.job)
 
     async def next(self, request: Request | None = None, idle_s: float | None = None):
         """The next event; a non-streamed request that lost its client cancels its job; ("idle", None)
@@ -133,7 +138,7 @@ class Run:
                 return await asyncio.wait_for(self.events.get(), POLL_S)
             except asyncio.TimeoutError:
                 if request is not None and await request.is_disconnected():
-                    self.job.cancel.set()
+                    self.cancel()
                     raise ApiError(499, "client closed the request")
                 waited += POLL_S
                 if idle_s is not None and waited >= idle_s:
@@ -190,6 +195,6 @@ def stream(run: Run, events, media_type: str = "text/event-stream", frame=sse, e
             log_unexpected("a stream", e)
             yield frame(errors(ApiError(500, "the server failed while streaming; see its log")))
         finally:
-            run.job.cancel.set()
+            run.cancel()
     return StreamingResponse(body(), media_type=media_type,
                              headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})

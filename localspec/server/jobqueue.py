@@ -61,6 +61,16 @@ class JobQueue:
                 raise TimeoutError
             return self._fg.popleft() if self._fg else self._bg.popleft()
 
+    def discard(self, job) -> bool:
+        """Take a waiting job out (its client hung up); False when it is not waiting (a worker took it)."""
+        with self._cv:
+            for q in (self._fg, self._bg):
+                for i, j in enumerate(q):
+                    if j is job:
+                        del q[i]
+                        return True
+        return False
+
     def drain(self) -> list:
         with self._cv:
             jobs = [j for j in (*self._fg, *self._bg) if j is not None]

@@ -21,7 +21,7 @@ from ..fim import FimUnsupported, fim_stop_tokens, infill_tokens, require_fim
 from . import shapes
 from .chat import LENGTH, ChatRequest, End, Text, ToolCall, open_chat
 from .http import ServerState, read_body, stream
-from .protocol import ApiError, boolean, gen_settings, string
+from .protocol import LOCALSPEC_FIELDS, ApiError, boolean, gen_settings, string
 from .tools import tool_request
 
 VERSION = "0.12.6"  # the Ollama API level answered here (clients compare it against their minimum)
@@ -64,7 +64,7 @@ def _settings(body: dict, state: ServerState):
         fields["json_schema"] = fmt
     elif fmt not in (None, ""):
         raise ApiError(400, '"format" must be "json" or a JSON schema object')
-    for k in ("spec", "drafter", "speculative"):  # localspec's own, at the top level or among the options
+    for k in LOCALSPEC_FIELDS:  # localspec's own, at the top level or among the options
         if k in body or k in options:
             fields[k] = body.get(k, options.get(k))
     fields["stream"] = boolean(body, "stream", True)

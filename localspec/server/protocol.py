@@ -19,10 +19,11 @@ from typing import Any
 from ..chat_format import ROLE_ALIASES, ROLES, canonical_role
 from ..config import GenConfig
 from ..engine import Message
-from ..errors import LocalspecError
+from ..errors import ContextFullError, LocalspecError
 
 SPEC_MODES = ("on", "off", "auto")
 DRAFTERS = ("model", "ngram", "hybrid")
+LOCALSPEC_FIELDS = ("spec", "drafter", "speculative", "exact")  # localspec's own request fields, on every protocol
 
 
 class ApiError(Exception):
@@ -39,6 +40,18 @@ class ApiError(Exception):
 
     def body(self) -> dict:
         return {"error": {"code": self.status, "message": self.message, "type": self.type, **self.extra}}
+
+
+def check_prompt_fits(engine, prompt: list[int]) -> None:
+    """The prompt is not empty and leaves room in the context: else the 400 llama-server answers."""
+    try:
+        engine.check_prompt(prompt)
+    except ContextFullError:
+        raise ApiError(400, f"request ({len(prompt)} tokens) exceeds the available context size "
+                            f"({engine.target.n_ctx} tokens), try increasing it",
+                       "exceed_context_size_error", n_prompt_tokens=len(prompt), n_ctx=engine.target.n_ctx) from None
+    except LocalspecError as e:
+        raise ApiError(400, str(e)) from None
 
 
 def log_unexpected(where: str, e: BaseException) -> None:

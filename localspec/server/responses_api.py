@@ -23,12 +23,11 @@ from ..engine import Message
 from . import shapes
 from .chat import LENGTH, Answer, ChatRequest, End, Idle, Text, ToolCall, joined_text, open_chat, prompt_size
 from .http import KEEPALIVE, KEEPALIVE_S, ServerState, named_sse, read_body, stream
-from .protocol import ApiError, boolean, gen_settings, integer, log_note, string
+from .protocol import LOCALSPEC_FIELDS, ApiError, boolean, gen_settings, integer, log_note, string
 from .tools import tool_request
 
 REMEMBERED = 256  # responses kept for previous_response_id, oldest forgotten first
-SETTINGS = ("temperature", "top_p", "top_k", "stream", "spec", "drafter", "speculative", "seed",
-            "parallel_tool_calls")
+SETTINGS = ("temperature", "top_p", "top_k", "stream", "seed", "parallel_tool_calls", *LOCALSPEC_FIELDS)
 ROLES = ("user", "assistant", "system", "developer")
 
 
@@ -86,12 +85,20 @@ def _items(items, turns: list[Message]) -> None:
             else:
                 turns.append(Message("assistant", "", {"tool_calls": [call]}))
         elif kind == "function_call_output":
+            call_id = it.get("call_id")
+            if call_id not in _call_ids(turns):
+                raise ApiError(400, f"{where}.call_id: no function_call with call_id {call_id!r} comes before this "
+                                    "function_call_output (in the input or the previous response)")
             output = it.get("output")
             text = output if isinstance(output, str) else _text(output, f"{where}.output")
-            turns.append(Message("tool", text, {"tool_call_id": it.get("call_id") or ""}))
+            turns.append(Message("tool", text, {"tool_call_id": call_id}))
         elif kind != "reasoning":
             raise ApiError(400, f"{where}: {kind!r} items are not supported here (messages, function_call, "
                                 "function_call_output are)")
+
+
+def _call_ids(turns: list[Message]) -> set:
+    return {c["id"] for t in turns if t.extra for c in t.extra.get("tool_calls", ())}
 
 
 def _arguments(args):
@@ -151,6 +158,7 @@ def chat_request(body: dict, request: Request, state: ServerState) -> ChatReques
     turns = []
     if string(body, "instructions"):
         turns.append(Message("system", body["instructions"]))
+    boolean(body, "store", True)  # read again once answered: a bad value is a 400 before any byte
     prev = string(body, "previous_response_id")
     if prev:
         turns += _memory(request).get(prev)

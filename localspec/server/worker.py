@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from ..costmodel import CURVE_SIZES, depth_bucket, measure_at_depth
-from ..errors import ContextFullError, LocalspecError
+from ..errors import LocalspecError
 from ..fim_windows import EditorSettings, EditorWindows
 from .. import paths
 from ..promptcache import PromptCache
@@ -38,7 +38,7 @@ from .infill import LineLimits
 from .jobqueue import JobQueue
 from .lanes import LanePool
 from .metrics import Metrics
-from .protocol import ApiError, Extras, log_unexpected, resolve_logit_bias
+from .protocol import ApiError, Extras, check_prompt_fits, log_note, log_unexpected, resolve_logit_bias
 
 Emit = Callable[[tuple], None]
 MAX_WAITING = 64  # queued requests beyond this are refused (503) instead of held in memory without bound
@@ -71,8 +71,9 @@ class ServerSession:
             shared = [x.target for x in lanes] if len(lanes) > 1 else []
             self.engine.prompt_cache = PromptCache(lanes[0].target, editor.cache_mib << 20, lanes=shared)
             if editor.cache_disk_mib > 0:  # an agent's long prompt outlives the process
-                key = pair_key(session.selection.target, self.engine.flash_attn)
-                self.engine.prompt_cache.disk = DiskPrompts(paths.prompt_cache_dir(), key, editor.cache_disk_mib << 20)
+                key = pair_key(session.selection.target, self.engine.flash_attn, self.engine.load.exact)
+                self.engine.prompt_cache.disk = DiskPrompts(paths.prompt_cache_dir(), key, editor.cache_disk_mib << 20,
+                                                            warn=log_note)
         self.fim = EditorWindows(self.engine.target_model, editor.budget) if editor.layout == "editor" else None
         self.engine.remember_generations = True  # n-gram drafts may copy earlier answers
         self.metrics = Metrics()
@@ -95,6 +96,13 @@ class ServerSession:
             raise ApiError(503, f"{MAX_WAITING} requests are already waiting; try again when they are done")
         self.metrics.deferred += 1
         self.jobs.put(job)
+
+    def withdraw(self, job: Job) -> None:
+        """A client hung up: its job ends, and if it was still waiting it leaves the queue now (its place
+        counted against MAX_WAITING until a lane would have popped it)."""
+        job.cancel.set()
+        if self.jobs.discard(job):
+            self.metrics.deferred -= 1
 
     def begin_shutdown(self) -> None:
         """The first Ctrl-C or SIGTERM: refuse new jobs, end the waiting ones and the running one with an
@@ -271,12 +279,7 @@ class ServerSession:
                 cfg.logit_bias = resolve_logit_bias(job.extras.logit_bias, engine.target_model, job.extras.ignore_eos)
             if cfg.grammar:
                 engine.grammar(cfg.grammar).close()  # a grammar that does not parse is a 400 before any answer
-            try:
-                engine.check_prompt(prompt)
-            except ContextFullError:
-                raise ApiError(400, f"request ({len(prompt)} tokens) exceeds the available context size "
-                                    f"({engine.target.n_ctx} tokens), try increasing it",
-                               "exceed_context_size_error", n_prompt_tokens=len(prompt), n_ctx=engine.target.n_ctx)
+            check_prompt_fits(engine, prompt)
             with self.profile_lock:  # measured with the whole context: only while no other lane runs
                 if engine.profile is None:  # on the thread that decodes (batching.py says why), which
                     measure = len(self.jobs.running) <= 1  # waits for the step in flight: only to measure
