@@ -36,6 +36,7 @@ class GenConfig:
     ngram_min: int = 2  # shortest suffix match the n-gram drafter trusts
     ngram_max: int = 4  # longest suffix it looks up (the match is then extended backwards to measure it)
     exact: bool = False  # byte-identical to plain decoding: drafts only where the engine's kernels are exact (--exact)
+    repeatable: bool = True  # greedy text repeats whatever ran before (docs/EXACT.md); editors' completions keep the cache whole
 
     # --- stopping ---
     max_tokens: int = 512  # hard cap on generated tokens

@@ -199,7 +199,7 @@ class Engine:
 
     def decides_from_request_alone(self, cfg: GenConfig) -> bool:
         """Greedy text repeats only with the same passes (drafts, prompt slices): docs/EXACT.md; not under --exact."""
-        return cfg.temperature <= 0 and not self.load.exact
+        return cfg.temperature <= 0 and cfg.repeatable and not self.load.exact
 
     def _expected_pass_s(self, n_tokens: int) -> float | None:
         """What a target pass over n tokens should cost on a quiet machine (the measured profile)."""

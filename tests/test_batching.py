@@ -158,7 +158,7 @@ def test_a_prompt_held_by_another_lane_is_shared_not_evaluated_again(shared):
     shared.prompt_cache = PromptCache(shared.lanes[0].target, 64 << 20, lanes=[x.target for x in shared.lanes])
     try:
         system = tokens(shared, "you are a helpful assistant " * 20)
-        cfg = GenConfig(temperature=0, max_tokens=4, spec="off")
+        cfg = GenConfig(temperature=0, max_tokens=4, spec="off", repeatable=False)  # the cache's reuse, whole
         list(shared.generate(system + [7, 8], cfg, lane=shared.lanes[0]))
         list(shared.generate(system + [9, 10], cfg, lane=shared.lanes[1]))
         st = shared.lanes[1].last_stats
@@ -177,7 +177,7 @@ def test_requests_arriving_together_with_one_system_prompt_evaluate_it_once(shar
         system = tokens(shared, "you are a careful coding assistant working on this module " * 8)
         assert len(system) > 300
         prompts = [system + [20 + i, 30 + i] for i in range(3)]
-        got = run_together(shared, prompts, GenConfig(temperature=0, max_tokens=4, spec="off"))
+        got = run_together(shared, prompts, GenConfig(temperature=0, max_tokens=4, spec="off", repeatable=False))
         evaluated = sorted(st.prompt_eval_tokens for _, st in got)
         assert evaluated[-1] >= len(system) and sum(evaluated[:-1]) <= 6  # the others evaluated their last tokens
         # the waiting lanes parked their old conversations (saved, cells freed) instead of keeping them
@@ -565,7 +565,7 @@ def test_a_repeated_prompt_is_restored_even_when_it_saves_only_a_few_tokens(shar
             lane.target.reset()
         system = tokens(shared, "you are a helpful assistant " * 4)
         question = system + shared.target_model.tokenize(" what is a thread and a process", add_special=False)
-        cfg = GenConfig(temperature=0, max_tokens=8, spec="off")
+        cfg = GenConfig(temperature=0, max_tokens=8, spec="off", repeatable=False)
         list(shared.generate(question, cfg, lane=shared.lanes[0]))
         shared.prompt_cache.save(shared.lanes[0].target)  # parked, as the lane pool does
         shared.lanes[0].target.reset()

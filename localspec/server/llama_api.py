@@ -77,6 +77,7 @@ async def infill(request: Request, state: ServerState) -> Response:
     body = await read_body(request)
     cfg, extras = gen_settings(body, state.server.session.gen, oai=False)
     cfg.stop_tokens = fim_stop_tokens(state.server.model)
+    cfg.repeatable = False  # an editor waits on every keystroke: its prompt reuses the cache whole, drafts recall
     tokens = infill_prompt(state, body, cfg)
     warmup = cfg.max_tokens == 0
     slot = None if warmup else f"infill/{body.get('id_slot', -1)}"
