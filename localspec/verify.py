@@ -8,8 +8,8 @@ top-1/top-2 margin there is within the batched-vs-single noise measured on this 
 
 from __future__ import annotations
 
-import numpy as np
 
+from .backend.exact import invariance_gap
 from .config import GenConfig
 from .sampling import top2_margin
 
@@ -17,15 +17,7 @@ from .sampling import top2_margin
 def logit_noise(engine, prompt: list[int], n: int = 6) -> float:
     """Largest |logit difference| between one batched pass over the last n prompt tokens and
     n single-token passes over the same tokens."""
-    tgt = engine.target
-    n = min(n, len(prompt) - 1)
-    head, tail = prompt[:-n], prompt[-n:]
-    tgt.sync(head)
-    batched = tgt.eval(tail, logits="all")
-    tgt.truncate(len(head))
-    single = np.stack([tgt.eval([t], logits="last")[0] for t in tail])
-    tgt.truncate(len(head))
-    return float(np.abs(batched - single).max())
+    return invariance_gap(engine.target, prompt, min(n, len(prompt) - 1))
 
 
 def plain_greedy_with_margins(engine, prompt: list[int], max_tokens: int) -> tuple[list[int], list[float]]:

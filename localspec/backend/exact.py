@@ -34,10 +34,10 @@ def use_batch_invariant_kernels() -> None:
     os.environ[TILED_MM_ENV] = "0"
 
 
-def invariance_gap(ctx, tokens: list[int]) -> float:
-    """Largest |logit difference| between one pass over the last PROBE_ROWS tokens and single-token decodes
+def invariance_gap(ctx, tokens: list[int], rows: int = PROBE_ROWS) -> float:
+    """Largest |logit difference| between one pass over the last `rows` tokens and single-token decodes
     of the same tokens (0.0: bit-identical). Uses and then clears sequence 0 of `ctx`."""
-    head, tail = tokens[:-PROBE_ROWS], tokens[-PROBE_ROWS:]
+    head, tail = tokens[:-rows], tokens[-rows:]
     try:
         ctx.sync(head)
         batched = ctx.eval(tail, logits="all")
