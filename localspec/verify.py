@@ -8,7 +8,6 @@ top-1/top-2 margin there is within the batched-vs-single noise measured on this 
 
 from __future__ import annotations
 
-
 from .backend.exact import invariance_gap
 from .config import GenConfig
 from .sampling import top2_margin
