@@ -67,19 +67,22 @@ def localspec_curves(target: str, threads: int, ngl: int) -> tuple[list[float], 
 
 def graph_counts(target: str, draft: str, env_extra: dict, pad: bool) -> dict:
     """One 128-token speculative generation in a child process with llama.cpp's log on; its graph lines counted."""
-    code = (f"from localspec.engine import Engine\nfrom localspec.config import LoadConfig\n"
+    code = (f"from localspec.engine import Engine\nfrom localspec.config import GenConfig, LoadConfig\n"
             f"e = Engine({target!r}, {draft!r}, LoadConfig(verify_buckets={pad}))\n"
             f"p = e.prompt_tokens('Write a Python function that parses a CSV file.')\n"
             f"e.complete(p, GenConfig(temperature=0, max_tokens=128, spec='on', drafter='model', draft_max=4))\n")
     env = {**os.environ, "LOCALSPEC_DEBUG": "1", **env_extra}
-    log = subprocess.run([sys.executable, "-c", code], capture_output=True, env=env, timeout=600).stderr
-    return {k: len(rx.findall(log)) for k, rx in GRAPH_WORDS.items()}
+    child = subprocess.run([sys.executable, "-c", code], capture_output=True, env=env, timeout=600)
+    if child.returncode != 0:
+        return {"failed": [l for l in child.stderr.decode(errors="replace").splitlines() if "Error" in l][-1:]}
+    return {k: len(rx.findall(child.stderr)) for k, rx in GRAPH_WORDS.items()}
 
 
 def end_to_end(args) -> str:
     cmd = [sys.executable, "-m", "localspec", "bench", "--prompts-per-workload", "2", "-n", "96", "--setting",
            "auto:hybrid", "--target", args.target, "--draft", args.draft]
-    return subprocess.run(cmd, capture_output=True, text=True).stdout
+    child = subprocess.run(cmd, capture_output=True, text=True)
+    return child.stdout if child.returncode == 0 else child.stdout + child.stderr[-2000:]
 
 
 def main() -> int:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import subprocess
 import sys
 
 import numpy as np
@@ -208,3 +209,12 @@ def test_a_chat_template_is_compiled_once_and_still_renders_each_conversation_an
     for _ in range(2):  # a broken template fails every time (no compiled result is kept for it)
         with pytest.raises(ConfigError, match="failed to render"):
             chat_format.render_prompt("{% for m in messages %}", [msg("user", "hi")], model)
+
+
+def test_llama_cpp_library_loads_before_numpy():
+    """With numpy imported first a CUDA build crashed loading any model (docs/MODELS.md), so
+    `import localspec` loads llama.cpp's library before anything imports numpy."""
+    code = ("import sys, localspec; names = list(sys.modules); "
+            "print(names.index('llama_cpp.llama_cpp') < names.index('numpy'))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.stdout.strip() == "True", out.stderr
