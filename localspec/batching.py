@@ -25,14 +25,14 @@ from __future__ import annotations
 
 import threading
 import time
-from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Callable, NamedTuple
+from typing import Callable
 
 import numpy as np
 
-from .backend import Context, common_prefix, sync_cache
+from .backend import Context, sync_cache
 from .errors import ContextFullError, PassInterrupted
+from .swap import SwapSpace
 
 GATHER_S = 0.004  # a step waits this long for sequences still busy in Python (accepting, drafting)
 PRIORITY_WAIT_S = 0.05  # while an editor's completion runs, the others' passes wait this long for its next one
@@ -41,6 +41,7 @@ PROMPT_SLICE = 64  # prompt tokens per step while others decode: 0.4-1 s of thei
 # a step of at least this many tokens (a long verify, a prompt slice: 0.3-1 s here) is given up inside
 # llama_decode when an editor's completion arrives, and goes again after it
 YIELD_MIN = 16
+SWAP_POLL_S = 0.25  # how often a swapped-out sequence's client is asked whether it is still there
 
 
 @dataclass
@@ -80,6 +81,9 @@ class Batcher:
     def __init__(self, ctx: Context, make_room=None):
         """make_room(): free cells held by idle sequences when the cache is full; True if it freed any."""
         self.ctx, self.make_room = ctx, make_room
+        self.swap = SwapSpace(ctx)  # sequences waiting, out of the cache, for cells (swap.py)
+        self.cancels: dict[int, Callable[[], bool]] = {}  # seq -> whether its client has gone
+        self.leaves = self.leaves_seen = 0  # generations ended; a swapped sequence may fit since
         self.cv = threading.Condition()
         self.active: dict[int, bool] = {}  # seq -> priority, while a generation runs on it
         self.joined: dict[int, float] = {}  # seq -> when its generation began
@@ -92,14 +96,19 @@ class Batcher:
         self.thread = threading.Thread(target=self._loop, name="localspec-batch", daemon=True)
         self.thread.start()
 
-    def join(self, seq: int, priority: bool = False) -> None:
+    def join(self, seq: int, priority: bool = False, cancel: Callable[[], bool] | None = None) -> None:
         with self.cv:
             self.active[seq] = priority
             self.joined[seq] = time.monotonic()
+            if cancel is not None:
+                self.cancels[seq] = cancel
 
     def leave(self, seq: int) -> None:
         with self.cv:
             self.active.pop(seq, None)
+            self.cancels.pop(seq, None)
+            self.swap.drop(seq)
+            self.leaves += 1
             self.cv.notify_all()  # a step may have been waiting for this sequence's pass
 
     def others(self, seq: int) -> tuple[int, int, bool]:
@@ -157,15 +166,20 @@ class Batcher:
 
     def _loop(self) -> None:
         while True:
+            if self.swap:
+                self._tend_swapped()
             with self.cv:
-                self.cv.wait_for(lambda: self.waiting or self.calls or self.closed)
+                self.cv.wait_for(lambda: self._runnable() or self.calls or self.closed,
+                                 timeout=SWAP_POLL_S if self.swap else None)
+                if not (self._runnable() or self.calls or self.closed):
+                    continue
                 if self.closed:
                     for p in [*self.waiting, *self.calls]:
                         p.error, p.finished = ContextFullError("the server is shutting down"), True
                     self.cv.notify_all()
                     return
                 if not self.calls:
-                    first = min(p.since for p in self.waiting)
+                    first = min(p.since for p in self._runnable())
                     while not self.calls and (left := self._wait_left(first)) > 0:
                         self.cv.wait(left)
                 calls, self.calls = self.calls, []
@@ -190,7 +204,8 @@ class Batcher:
 
     def _compose(self) -> list[tuple[Pass, int]]:
         """The passes (and how many of each one's tokens) that go in the next step."""
-        pool = [p for p in self.waiting if p.priority] or self.waiting
+        runnable = self._runnable()
+        pool = [p for p in runnable if p.priority] or runnable
         decoding = [p for p in pool if not p.is_prompt]
         budget = self.ctx.n_batch
         step = []
@@ -209,17 +224,25 @@ class Batcher:
         return step
 
     def _run(self, step: list[tuple[Pass, int]]) -> None:
-        parts = [(p.seq, p.tokens[p.done:p.done + n], p.logits if p.done + n == len(p.tokens) else "none")
-                 for p, n in step]
         abort, yielding = self._abort_for(step)
         t0 = time.perf_counter()
         try:
-            try:
-                outs = self.ctx.decode_parts(parts, abort)
-            except ContextFullError:
-                if not (self.make_room and self.make_room()):
-                    raise
-                outs = self.ctx.decode_parts(parts, abort)
+            while True:
+                parts = [(p.seq, p.tokens[p.done:p.done + n], p.logits if p.done + n == len(p.tokens) else "none")
+                         for p, n in step]
+                try:
+                    outs = self.ctx.decode_parts(parts, abort)
+                    break
+                except ContextFullError:
+                    if self.make_room and self.make_room():
+                        continue  # an idle lane's cells freed: again
+                    victim = self._victim(step)
+                    if victim is None:
+                        raise
+                    self.swap.out(victim)  # its pass waits, out of the cache, until cells are free
+                    step = [(p, n) for p, n in step if p.seq != victim]
+                    if not step:
+                        return
         except PassInterrupted as e:
             self._interrupted(step, e, yielding)
             return
@@ -240,6 +263,42 @@ class Batcher:
                 if p.done == len(p.tokens):
                     p.out, p.finished = out, True
                     self.waiting.remove(p)
+
+    def _runnable(self) -> list[Pass]:
+        return [p for p in self.waiting if p.seq not in self.swap] if self.swap else self.waiting
+
+    def _victim(self, step: list[tuple[Pass, int]]) -> int | None:
+        """Which sequence of a step that does not fit moves out of the cache: the youngest (an editor's
+        completion last). A step of one sequence moves out while others hold cells or older ones wait
+        swapped (they go first); with neither, that sequence alone outgrows the context: None."""
+        seqs = {p.seq for p, _ in step}
+        if len(seqs) < 2:
+            (seq,) = seqs
+            older_out = [s for s in self.swap.held if self.joined.get(s, 0.0) < self.joined.get(seq, 0.0)]
+            holding = [s for s in self.active if s != seq and s not in self.swap and self.ctx.seq_tokens.get(s)]
+            if not (older_out or holding):
+                return None
+        return max(seqs, key=lambda s: (not self.active.get(s, False), self.joined.get(s, 0.0)))
+
+    def _tend_swapped(self) -> None:
+        """Swapped sequences whose clients left end now; the others come back, oldest first, once a
+        generation has ended or nothing else holds cells."""
+        with self.cv:
+            gone = [p for p in self.waiting if p.seq in self.swap and (c := self.cancels.get(p.seq)) and c()]
+            for p in gone:
+                self.swap.drop(p.seq)
+                p.error, p.finished = ContextFullError("cancelled while waiting for room in the cache"), True
+                self.waiting.remove(p)
+            if gone:
+                self.cv.notify_all()
+            holding = any(self.ctx.seq_tokens.get(s) for s in self.active if s not in self.swap)
+            if self.leaves == self.leaves_seen and holding:
+                return
+            self.leaves_seen = self.leaves
+            order = sorted(self.swap.held, key=lambda s: self.joined.get(s, 0.0))
+        self.swap.back(order, self.make_room)
+        with self.cv:
+            self.cv.notify_all()
 
     def _abort_for(self, step: list[tuple[Pass, int]]):
         """(what llama.cpp asks while the step runs whether to give it up, whether its passes then go
@@ -267,78 +326,6 @@ class Batcher:
         """Asked by llama.cpp between a background pass's graph nodes (no lock: a list read is atomic):
         a request's pass, or work a request hands to this thread (its draft model's pass)."""
         return bool(self.calls) or any(p.stop is None for p in self.waiting)
-
-
-class _Fill(NamedTuple):
-    """A prompt some sequence is evaluating now (PromptFills)."""
-    tokens: list[int]
-    cache: object
-    generates: bool  # a token's pass follows the fill (a generation's; a warm-up's prefill has none)
-
-
-class PromptFills:
-    """The prompts being evaluated right now, per sequence. A request whose prompt starts like one of
-    them (four requests at once under one system prompt) waits until that one's cache holds the shared
-    part, then shares its cells (the prompt cache copies them), instead of evaluating the same tokens
-    beside it. A request only ever waits for one registered before it, so no two wait for each other."""
-
-    SHARE_MIN = 256  # shorter shared prefixes are cheaper to evaluate again than to wait for
-    POLL_S = 0.01
-
-    def __init__(self):
-        self.lock = threading.Lock()
-        self.filling: dict[int, _Fill] = {}  # seq -> what it is evaluating
-
-    @contextmanager
-    def evaluating(self, seq: int, cache, tokens: list[int], should_stop=None, on_wait=None, generates: bool = True):
-        """on_wait(): called once before waiting for another lane (the engine parks this lane's old
-        conversation: its cells would sit beside the other's fill, which attends over every cell in use).
-        generates: a token's pass follows this fill (a generation's; a warm-up's prefill has none)."""
-        with self.lock:
-            best, best_n = None, common_prefix(list(cache.tokens), tokens) + self.SHARE_MIN - 1
-            for other_seq, fill in self.filling.items():
-                n = common_prefix(fill.tokens, tokens)
-                if n > best_n:
-                    best, best_n = (other_seq, fill), n
-            self.filling[seq] = _Fill(tokens, cache, generates)
-        try:
-            if best is not None:  # it may finish at any moment from here: its cache was taken under the lock
-                other_seq, fill = best
-                if on_wait is not None:
-                    on_wait()
-                self._wait(other_seq, fill.cache, tokens, best_n, should_stop)
-                if fill.generates:  # a warm-up's fill is never followed by a token: nothing to wait for
-                    self._first_token(fill.cache, len(fill.tokens), should_stop)
-            yield
-        finally:
-            with self.lock:
-                self.filling.pop(seq, None)
-
-
-    FIRST_TOKEN_WAIT_S = 2.0  # at most this long for the filler's first token (a cancelled one never comes)
-
-    def _first_token(self, other, filled: int, should_stop) -> None:
-        """Until the lane that filled the shared prompt has taken its first token's pass (its cache holds
-        more than it filled). That pass is one token; the waiters' own prompt tails (~16 tokens each)
-        would otherwise share its step, and the request that evaluated the shared prompt first would
-        show its first text ~0.6 s later than it could (all four of a burst then start together)."""
-        end = time.monotonic() + self.FIRST_TOKEN_WAIT_S
-        while len(other.tokens) <= filled and time.monotonic() < end and not (should_stop and should_stop()):
-            time.sleep(self.POLL_S)
-
-    def _wait(self, seq: int, other, tokens: list[int], n: int, should_stop) -> None:
-        """Until sequence `seq` holds tokens[:n] (or stopped filling). Its cache may still hold an older
-        conversation, longer than n, until its fill begins: the prefix is checked, but only when the
-        length changed (a few times a pass: a check per poll, in three waiting threads, took the GIL
-        from the batch thread often enough to cost ~5%)."""
-        seen = -1
-        while seq in self.filling and not (should_stop and should_stop()):
-            if len(other.tokens) != seen:
-                have = list(other.tokens)
-                seen = len(have)
-                if seen >= n and common_prefix(have, tokens) >= n:
-                    return
-            time.sleep(self.POLL_S)
 
 
 class SeqView:

@@ -18,7 +18,8 @@ import numpy as np
 
 from .attention import cpu_kernel
 from .backend import Context, GrammarSampler, Model, exact, fill_to_answer, system_info
-from .batching import Batcher, PromptFills, SeqView
+from .batching import Batcher, SeqView
+from .promptfills import PromptFills
 from .chat_format import render_prompt
 from .compat import require_compatible
 from .constraints import GrammarConstraint, starts_with_grammar
@@ -128,10 +129,9 @@ class Engine:
     """A loaded target (and optional draft model), ready to generate."""
 
     def __init__(self, target_path: str | Path, draft_path: str | Path | None = None,
-                 load: LoadConfig | None = None, profile=None, lazy_draft: bool = False, notify=None):
+                 load: LoadConfig | None = None, profile=None, lazy_draft: bool = False):
         """lazy_draft: load the draft model only when a round first drafts with it (the caller has
-        checked the pair's compatibility already, from the GGUF headers); otherwise load it now.
-        notify(message): where a slow first-load measurement is announced."""
+        checked the pair's compatibility already, from the GGUF headers); otherwise load it now."""
         self.load = load = load or LoadConfig()
         if load.exact:
             exact.use_batch_invariant_kernels()
@@ -141,7 +141,7 @@ class Engine:
         self.draft_model: Model | None = None
         self.draft_ctx: Context | None = None
         self._draft_lock = threading.Lock()
-        self.flash_attn = self.flash_attn_in_use(load, self.target_model, notify)
+        self.flash_attn = self.flash_attn_in_use(load, self.target_model)
         self.target = Context(self.target_model, load.n_ctx, load.n_batch, load.n_threads, load.n_threads_batch,
                               n_seq=max(1, load.n_parallel), flash_attn=self.flash_attn,
                               kv_type=exact.KV_TYPE if load.exact else "f16")
@@ -164,8 +164,7 @@ class Engine:
             self.fills = None
             self.lanes = [Lane(self.target, self.load_draft, NgramDrafter(memory=self.ngram_memory))]
         self.lane = self.lanes[0]
-        # a server's n-gram drafter also looks in its earlier requests and answers; off for one-shot
-        # runs and for the bench, whose A/B runs repeat each prompt and must not draft from each other
+        # a server's n-gram drafter looks in earlier answers too; not one-shot runs' or the bench's A/B runs
         self.remember_generations = False
         self.prompt_cache = None  # promptcache.PromptCache: several saved prompts (the server's, for editors)
 
@@ -182,12 +181,10 @@ class Engine:
     @classmethod
     def pads_verify(cls, load: LoadConfig) -> bool:
         """Constant verify shapes: asked for, or (by default) when the target runs on a GPU."""
-        if load.verify_buckets is not None:
-            return load.verify_buckets
-        return cls.on_gpu(load)
+        return load.verify_buckets if load.verify_buckets is not None else cls.on_gpu(load)
 
     @classmethod
-    def flash_attn_in_use(cls, load: LoadConfig, model: Model | None = None, notify=None) -> str:
+    def flash_attn_in_use(cls, load: LoadConfig, model: Model | None = None) -> str:
         """llama.cpp's flash attention as this load runs it: what was asked for, or for "auto" llama.cpp's
         own choice on a GPU and on a CPU the kernel attention.py measures faster for `model` ("off"
         without a model: on some CPUs flash attention is the slower one from a few hundred tokens deep)."""
@@ -195,7 +192,7 @@ class Engine:
             return exact.FLASH_ATTN if load.exact else load.flash_attn
         if cls.on_gpu(load):
             return "auto"
-        return cpu_kernel(model, load.n_threads, load.n_threads_batch, notify) if model is not None else "off"
+        return cpu_kernel(model, load.n_threads, load.n_threads_batch) if model is not None else "off"
 
     def decides_from_request_alone(self, cfg: GenConfig) -> bool:
         """Greedy text repeats only with the same passes (drafts, prompt slices): docs/EXACT.md; not under --exact."""
@@ -208,9 +205,8 @@ class Engine:
 
     @contextmanager
     def unobserved(self):
-        """Passes that are no generation's (the server's idle measurements): the thread governor would
-        read them as load (a 64-token pass priced by a quick profile's guess, or one beside another
-        program) and start the next request at one thread."""
+        """Passes that are no generation's (the server's idle measurements): the thread governor would read
+        them as load (a 64-token pass priced by a quick profile's guess) and start the next request at one thread."""
         observer, self.target.observer = self.target.observer, None
         try:
             yield
@@ -255,13 +251,16 @@ class Engine:
         return self.batcher.call(fn) if self.batcher is not None else fn()
 
     def _make_room(self) -> bool:
-        """The shared cache is full: drop the least recently used idle lane's sequence (the batch thread
-        calls this, then tries the step again). False when every lane holding cells is generating."""
+        """The shared cache is full: the least recently used idle lane's cells parked in the prompt cache (or
+        dropped), for the batch thread to try again; False when no idle lane holds cells."""
         idle = [x for x in self.lanes if x.target.tokens and self.batcher and x.seq not in self.batcher.active]
         if not idle:
             return False
-        victim = min(idle, key=lambda x: x.last_used)
-        victim.target.reset()
+        victim = min(idle, key=lambda x: x.last_used).target
+        if self.prompt_cache is not None:
+            self.prompt_cache.park(victim)
+        else:
+            victim.reset()
         return True
 
     # --- prompts ----------------------------------------------------------------------------
@@ -358,7 +357,7 @@ class Engine:
                     stats.stop_reason = "cancelled"
                     break
         except ContextFullError:
-            stats.stop_reason = "context"
+            stats.stop_reason = "cancelled" if cancel and cancel() else "context"
         finally:
             loop.close()
             self._leave(lane)
@@ -399,7 +398,7 @@ class Engine:
         # shared as the prefix without the last token: a waiter's wait for this lane's first token ends once
         # its cache holds more than that, i.e. once this fill's pass (which gives that token) is done
         with self._shared_fill(lane, seq[:-1], cancel):
-            self._enter(lane, priority)
+            self._enter(lane, priority, cancel)
             try:
                 first = self._fill(seq, stats, cancel, step=CANCEL_STEP, lane=lane, answer=True, align=align)
                 if first is not None:
@@ -478,10 +477,10 @@ class Engine:
         stats.prompt_eval_s = time.perf_counter() - t0
         return row
 
-    def _enter(self, lane: Lane, priority: bool) -> None:
+    def _enter(self, lane: Lane, priority: bool, cancel=None) -> None:
         lane.last_used = time.monotonic()
         if self.batcher is not None:
-            self.batcher.join(lane.seq, priority)
+            self.batcher.join(lane.seq, priority, cancel)
 
     def _leave(self, lane: Lane) -> None:
         lane.last_used = time.monotonic()

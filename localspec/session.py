@@ -199,14 +199,23 @@ def load_notes(models: ModelChoice) -> list[str]:
 def open_engine(sel: Selection, load: LoadConfig, notify: Notify | None = None):
     """The target loads now; the draft model when a round first drafts with it (never for --no-spec,
     --drafter ngram, or auto on a machine where the model draft cannot pay). The pair's compatibility
-    is checked now, from the GGUF headers, so a wrong draft is still one clear error up front."""
+    is checked now, from the GGUF headers, so a wrong draft is still one clear error up front (beside the
+    target's load, which runs in llama.cpp without Python's lock: the first check reads two vocabularies)."""
+    from concurrent.futures import ThreadPoolExecutor
+
     from .backend import exact
     from .engine import Engine
     from .tuning import check_pair
 
-    if sel.draft:
-        check_pair(Path(sel.target), Path(sel.draft))
-    engine = Engine(sel.target, sel.draft, load, lazy_draft=True, notify=notify)
+    with ThreadPoolExecutor(1) as pool:
+        checked = pool.submit(check_pair, Path(sel.target), Path(sel.draft)) if sel.draft else None
+        engine = Engine(sel.target, sel.draft, load, lazy_draft=True)
+        try:
+            if checked is not None:
+                checked.result()
+        except BaseException:
+            engine.close()
+            raise
     if load.exact:  # whether this build's kernels are batch-invariant for this model is measured, never assumed
         try:
             exact.require_batch_invariance(engine.target, engine.target_model, engine.on_gpu(load))

@@ -248,6 +248,40 @@ def probe_abandoned_waiters(port: int, lanes: int, waiters: int = 68, hold: dict
             Finding("a new request is queued, not refused", s in (200, 202), f"{s}: {raw[:80]!r}")]
 
 
+def text_of(port: int, n_tokens: int, seed: str = "the cache") -> str:
+    """A prompt of about n_tokens tokens of the served model's (measured through /tokenize)."""
+    unit = f" {seed} keeps its cells;"
+    per = len(json.loads(post_json(port, "/tokenize", {"content": unit * 50})[2])["tokens"]) / 50
+    return unit * max(1, int(n_tokens / per))
+
+
+def probe_long_prompts_together(port: int, n_ctx: int, lanes: int) -> list[Finding]:
+    """The shared cache under long prompts: two prompts that each fit the context alone but not together,
+    sent at once, both answer whole; `lanes` short conversations left in the lanes, then a prompt that
+    fills the context alone, answers (nothing is refused that waiting would serve)."""
+    out = []
+    n = 16
+    got: list = [None, None]
+
+    def send(i: int) -> None:
+        body = {"prompt": text_of(port, int(n_ctx * 0.55), f"lane {i}"), "n_predict": n, "ignore_eos": True}
+        got[i] = post_json(port, "/completion", body, timeout=600)
+    ts = [threading.Thread(target=send, args=(i,)) for i in range(2)]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join()
+    seen = [(s, json.loads(raw).get("tokens_predicted") if s == 200 else raw[:100]) for s, _, raw in got]
+    out.append(Finding("two prompts that fit alone, sent together", seen == [(200, n), (200, n)], str(seen)))
+    for i in range(lanes):
+        post_json(port, "/completion", {"prompt": f"short {i}", "n_predict": 4}, timeout=300)
+    s, _, raw = post_json(port, "/completion", {"prompt": text_of(port, n_ctx - 24), "n_predict": 4,
+                                                "ignore_eos": True}, timeout=600)
+    out.append(Finding("short idle lanes, then a prompt that fills the context", s == 200,
+                       f"{s}: {raw[:100]!r}"))
+    return out
+
+
 def probe_concurrent_streams(port: int, clients: int = 8, each: int = 3) -> list[Finding]:
     errors: list[str] = []
 

@@ -9,7 +9,9 @@ import numpy as np
 import pytest
 
 from localspec.backend import Context, Model, sync_cache
-from localspec.batching import PROMPT_SLICE, Batcher, Pass, PromptFills
+from localspec.batching import PROMPT_SLICE, Batcher, Pass
+from localspec.promptfills import PromptFills
+from localspec.swap import SwapSpace
 from localspec.config import GenConfig, LoadConfig
 from localspec.costmodel import CostProfile, best_k, best_k_shared
 from localspec.engine import Engine, Message
@@ -398,6 +400,7 @@ class FakeCtx:
 def test_a_long_prompt_goes_in_slices_while_others_decode_and_priority_goes_alone():
     b = Batcher.__new__(Batcher)
     b.ctx, b.active, b.step_end = FakeCtx(), {0: False, 1: False, 2: True}, 0.0
+    b.swap = SwapSpace(b.ctx)
     prompt, decode = Pass(0, list(range(1000)), "none", False), Pass(1, [5, 6, 7], "all", False)
     b.waiting = [prompt, decode]
     step = b._compose()
@@ -695,3 +698,44 @@ def test_a_background_fill_interrupted_mid_pass_keeps_the_slices_before_it():
     request = Cache()  # a request's own fill: its passes are never given up, its cancel is asked between them
     assert sync_cache(request, list(range(1000)), should_stop=lambda: False, step=64) == 1000
     assert not any(request.asked)
+
+
+def prompt_of(e: Engine, n: int, seed: str) -> list[int]:
+    """A prompt of exactly n tokens of the tiny model's."""
+    text, toks = seed, tokens(e, seed)
+    while len(toks) < n:
+        text += f" {seed} {len(toks)}"
+        toks = tokens(e, text)
+    return toks[:n]
+
+
+def test_prompts_that_fit_alone_but_not_together_both_answer_whole(tiny):
+    """Two requests, each fitting the context alone, together not: the cache fills while both evaluate,
+    and instead of both failing ("no KV-cache slot") the younger one's cells move to host memory until
+    the older has answered, then come back (swap.py). Neither is refused, neither cut short."""
+    e = Engine(tiny.target, None, load(2, n_ctx=256))
+    try:
+        prompts = [prompt_of(e, 180, "alpha beta"), prompt_of(e, 180, "gamma delta")]
+        cfg = GenConfig(temperature=0, max_tokens=40, spec="off")
+        got = run_together(e, prompts, cfg)
+        assert [(len(toks), st.stop_reason) for toks, st in got] == [(40, "length"), (40, "length")]
+        assert e.batcher.swap.moves >= 1 and not e.batcher.swap.held
+        e.target.reset()
+        assert_plain_or_near_tie(e, prompts, [toks for toks, _ in got])
+    finally:
+        e.close()
+
+
+def test_idle_lanes_cells_all_give_way_to_a_prompt_that_fits_alone(tiny):
+    """Short conversations left in idle lanes are freed, every one of them, before a long prompt that fits
+    the context alone is refused (only one was, and the prompt failed)."""
+    e = Engine(tiny.target, None, load(3, n_ctx=256))
+    try:
+        cfg = GenConfig(temperature=0, max_tokens=8, spec="off")
+        for i in range(3):
+            list(e.generate(prompt_of(e, 30, f"short {i}"), cfg, lane=e.lanes[i]))
+        assert all(len(x.target.tokens) > 30 for x in e.lanes)
+        got = list(e.generate(prompt_of(e, 240, "long one"), cfg, lane=e.lanes[0]))
+        assert e.lanes[0].last_stats.stop_reason in ("length", "eos") and got
+    finally:
+        e.close()

@@ -24,6 +24,7 @@ from faults import (
     probe_foreign_pages,
     probe_hangups,
     probe_hostile_bodies,
+    probe_long_prompts_together,
     request,
     stream_then_signal,
 )
@@ -247,3 +248,14 @@ def test_run_gives_up_on_a_silent_server(tiny, tmp_path):
         assert len(r.stderr.strip().splitlines()) == 1
     finally:
         httpd.shutdown()
+
+
+def test_the_shared_cache_waits_instead_of_refusing_long_prompts(tiny, tmp_path):
+    """Two prompts that fit the context alone but not together, at once: both answered whole (each was a
+    400 "no KV-cache slot", or one cut to a token); short conversations in every lane, then a prompt that
+    fills the context: answered (the idle lanes' cells all freed first)."""
+    srv = tiny_server(tiny, tmp_path / "home", "--parallel", "4", ctx=512)
+    try:
+        assert_findings(probe_long_prompts_together(srv.port, 512, lanes=4))
+    finally:
+        assert srv.stop() == 0, srv.output()

@@ -161,7 +161,9 @@ async def detokenize(request: Request, state: ServerState) -> Response:
 
 
 async def metrics(request: Request, state: ServerState) -> Response:
-    return PlainTextResponse(state.server.metrics.prometheus(), media_type="text/plain; version=0.0.4")
+    batcher = state.server.engine.batcher
+    swapped = batcher.swap.moves if batcher is not None else 0
+    return PlainTextResponse(state.server.metrics.prometheus(swapped), media_type="text/plain; version=0.0.4")
 
 
 ROUTES = [

@@ -42,7 +42,8 @@ class Metrics:
                 row[1] += st.accepted_by_drafter.get(d, 0)
             self.n_tokens_max = max(self.n_tokens_max, st.prompt_tokens + st.tokens)
 
-    def prometheus(self) -> str:
+    def prometheus(self, swapped: int = 0) -> str:
+        """swapped: sequences moved out of a full cache to wait for cells (swap.py), since the start."""
         with self.lock:
             rows = [
                 ("llamacpp:prompt_tokens_total", "counter", "Number of prompt tokens processed.", self.prompt_tokens),
@@ -64,6 +65,8 @@ class Metrics:
                 ("localspec:requests_total", "counter", "Generation requests served.", self.requests),
                 ("localspec:prompt_tokens_cached_total", "counter", "Prompt tokens reused from the cache.",
                  self.prompt_cached),
+                ("localspec:sequences_swapped_total", "counter", "Sequences that waited for cells out of a full cache.",
+                 swapped),
             ]
             lines = []
             for name, kind, help_, value in rows:
