@@ -13,9 +13,11 @@ faster shallow (by MARGIN), no more than DEEP_TIE slower deep, and a copied toke
 COPY_TIE chat tokens gain: within that the two cost the user about the same (the per-token figures
 move by half between first loads) and llama-server's kernel keeps plain decoding level with it. The
 Xeon: a chat token 1.9 ms faster, a copied one 1.3-2.4 ms slower, deep decodes 1-2% slower: flash
-attention. The EPYC: deep decodes 11% slower: the plain kernel. The first load measures it (~4 s;
-~25 s more where the decode check favours flash attention), stored per (model, threads, build);
-`-fa on|off` chooses without measuring.
+attention. The EPYC: deep decodes 11% slower: the plain kernel. Until a CPU is measured it runs
+llama-server's choice; the measurement (~4 s; ~25 s more where the decode check favours flash attention)
+runs when the machine is idle (a server's idle time, the chat app after its first reply, `localspec
+tune`), is given up for any request, is kept only if no other program used the cores meanwhile, and is
+stored per (model, threads, build) for the next load; `-fa on|off` chooses without measuring.
 """
 
 from __future__ import annotations
@@ -44,34 +46,70 @@ RULE = 2  # the rule's version, in the stored file's key: a new rule measures ag
 # 1.6% against 2.5% in one first load, 2.9% against 2.5% in the next, so either kernel)
 MIN_PARAMS = 100_000_000  # smaller models (the tests' tiny ones): the plain kernel, nothing measured
 KERNELS = ("off", "on")
+SERVER_CHOICE = "on"  # llama-server's -fa auto on a CPU: flash attention, what runs until this CPU is measured
 
 
-def cpu_kernel(model: Model, n_threads: int, n_threads_batch: int, notify=None) -> str:
-    """"on" or "off" for this model on this CPU: the stored choice, or measured now (once: ~4 s, and
-    ~25 s more on a CPU whose flash attention decodes faster). notify(message): where that is said."""
+def cpu_kernel(model: Model, n_threads: int, n_threads_batch: int) -> str:
+    """"on" or "off" for this model on this CPU: the stored choice, else llama-server's (SERVER_CHOICE) until
+    `measure_kernel` has measured this CPU while it was idle: a first answer never waits for the measurement."""
     if model.L.llama_model_n_params(model.ptr) < MIN_PARAMS:
         return "off"
-    path = _path(model, n_threads)
+    return stored_kernel(model, n_threads) or SERVER_CHOICE
+
+
+def stored_kernel(model: Model, n_threads: int) -> str | None:
     try:
-        stored = json.loads(path.read_text())["flash_attn"]
-        if stored in KERNELS:
-            return stored
+        stored = json.loads(_path(model, n_threads).read_text())["flash_attn"]
+        return stored if stored in KERNELS else None
     except (OSError, ValueError, KeyError, TypeError):
-        pass  # none yet, or unreadable: measured again
-    if notify is not None:
-        notify("measuring which attention kernel runs faster on this CPU (once, 4-30 s)...")
-    ms = decode_ms(model, n_threads, n_threads_batch)
-    record = {"decode_ms": ms, "depth": DEPTH}
-    choice = "off"
-    if ms["on"] < ms["off"] * (1 - MARGIN):
-        deep = deep_ms(model, n_threads, n_threads_batch)
-        record |= {"deep_ms": deep, "pass_tokens": PASS, "deep_depth": DEEP}
-        choice = "on" if flash_pays(ms, deep) else "off"
+        return None  # none yet, or unreadable: measured again
+
+
+def kernel_pending(model: Model, n_threads: int) -> bool:
+    """Is this CPU's kernel for `model` still to be measured?"""
+    return model.L.llama_model_n_params(model.ptr) >= MIN_PARAMS and stored_kernel(model, n_threads) is None
+
+
+def measure_kernel(model: Model, n_threads: int, n_threads_batch: int, stop=None, busy=None) -> str | None:
+    """Measure which kernel pays here (~4 s, ~25 s more on a CPU whose flash attention decodes faster) and
+    store it. None, nothing stored, when `stop()` (asked between passes) ended it or `busy()` says other
+    programs used the cores meanwhile: a figure measured on a busy machine is not this machine's."""
     try:
-        paths.write_atomic(path, json.dumps({"flash_attn": choice, **record}))
+        ms = decode_ms(model, n_threads, n_threads_batch, stop)
+        record = {"decode_ms": ms, "depth": DEPTH}
+        choice = "off"
+        if ms["on"] < ms["off"] * (1 - MARGIN):
+            deep = deep_ms(model, n_threads, n_threads_batch, stop)
+            record |= {"deep_ms": deep, "pass_tokens": PASS, "deep_depth": DEEP}
+            choice = "on" if flash_pays(ms, deep) else "off"
+    except Stopped:
+        return None
+    if busy is not None and busy():
+        return None
+    try:
+        paths.write_atomic(_path(model, n_threads), json.dumps({"flash_attn": choice, **record}))
     except OSError:
         pass  # an unwritable data dir: measured again next time
     return choice
+
+
+def engine_pending(engine) -> bool:
+    """Does this loaded engine run llama-server's kernel on a CPU not measured yet (so `measure_for` pays)?"""
+    load = engine.load
+    return (load.flash_attn == "auto" and not load.exact and not engine.on_gpu(load)
+            and kernel_pending(engine.target_model, load.n_threads))
+
+
+def measure_for(engine, stop=None, busy=None) -> str | None:
+    """measure_kernel for a loaded engine, on the thread that decodes (batching.py says why only one may);
+    the choice applies from the next load."""
+    load = engine.load
+    return engine.decoding(lambda: measure_kernel(engine.target_model, load.n_threads, load.n_threads_batch,
+                                                  stop, busy))
+
+
+class Stopped(Exception):
+    """A measurement given up for a request (or another program) that needs the cores."""
 
 
 def flash_pays(shallow: dict[str, float], deep: dict[str, dict[str, float]]) -> bool:
@@ -84,7 +122,7 @@ def flash_pays(shallow: dict[str, float], deep: dict[str, dict[str, float]]) -> 
 
 
 def _timed(model: Model, n_threads: int, n_threads_batch: int, depth: int,
-           probes: dict[str, tuple[int, int, str]]) -> dict[str, dict[str, float]]:
+           probes: dict[str, tuple[int, int, str]], stop=None) -> dict[str, dict[str, float]]:
     """{probe: {kernel: median ms}}: each probe (tokens, repeats, logits) is a pass of `tokens` tokens
     `depth` deep, with each kernel, the two alternating (each pass rolled back, so every one starts at
     the same depth); one fill per kernel serves every probe."""
@@ -100,6 +138,8 @@ def _timed(model: Model, n_threads: int, n_threads_batch: int, depth: int,
         for name, (tokens, repeats, logits) in probes.items():
             times: dict[str, list[float]] = {k: [] for k in KERNELS}
             for i in range(repeats):
+                if stop is not None and stop():
+                    raise Stopped()
                 for k in KERNELS if i % 2 else KERNELS[::-1]:
                     times[k].append(timed_pass(ctxs[k], probe[:tokens], logits))
             out[name] = {k: round(median(v) * 1000, 3) for k, v in times.items()}
@@ -109,15 +149,15 @@ def _timed(model: Model, n_threads: int, n_threads_batch: int, depth: int,
             ctx.close()
 
 
-def decode_ms(model: Model, n_threads: int, n_threads_batch: int) -> dict[str, float]:
+def decode_ms(model: Model, n_threads: int, n_threads_batch: int, stop=None) -> dict[str, float]:
     """Median ms of a decode DEPTH tokens deep with each kernel."""
-    return _timed(model, n_threads, n_threads_batch, DEPTH, {"decode": (1, DECODES, "last")})["decode"]
+    return _timed(model, n_threads, n_threads_batch, DEPTH, {"decode": (1, DECODES, "last")}, stop)["decode"]
 
 
-def deep_ms(model: Model, n_threads: int, n_threads_batch: int) -> dict[str, dict[str, float]]:
+def deep_ms(model: Model, n_threads: int, n_threads_batch: int, stop=None) -> dict[str, dict[str, float]]:
     """Median ms of a PASS-token verify pass and of a decode DEEP tokens deep with each kernel."""
     return _timed(model, n_threads, n_threads_batch, DEEP,
-                  {"pass": (PASS, PASSES, "all"), "decode": (1, DEEP_DECODES, "last")})
+                  {"pass": (PASS, PASSES, "all"), "decode": (1, DEEP_DECODES, "last")}, stop)
 
 
 def _path(model: Model, n_threads: int):

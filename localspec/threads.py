@@ -24,6 +24,9 @@ import time
 from typing import Callable
 
 
+OTHERS_BUSY = 0.3  # of a core: another program is working, so a measurement now would be noise (and steal from it)
+
+
 class CpuWatch:
     """How many cores other processes kept busy since the last look (Linux's /proc/stat minus this
     process's own CPU time); None where that cannot be read."""
@@ -54,6 +57,12 @@ class CpuWatch:
             return None
         self.last = now
         return max(0.0, ((now[1] - before[1]) - (now[2] - before[2])) / (now[0] - before[0]))
+
+
+def quiet_watch():
+    """busy(): whether other programs used the cores (OTHERS_BUSY of a core) since the last time it was asked."""
+    watch = CpuWatch()
+    return lambda: (watch.others_busy() or 0.0) >= OTHERS_BUSY
 
 
 class ThreadGovernor:

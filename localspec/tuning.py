@@ -65,11 +65,13 @@ def load_profile(engine, notify=None) -> CostProfile | None:
     return prof if prof and prof.key == key else None
 
 
-def tune(engine, n_max: int | None = None, repeats: int = 3, warmup: int = 1, quick: bool = False) -> CostProfile:
+def tune(engine, n_max: int | None = None, repeats: int = 3, warmup: int = 1, quick: bool = False,
+         save: bool = True) -> CostProfile:
     """Measure this engine's pass costs and store them as the profile of its (pair, device, threads):
     the one way a profile is made (`localspec tune`, `bench --costs --save`, auto's first run).
     quick: auto's first run, which must not keep anyone waiting (~2 s here): fewer, shallower passes,
-    and a draft model not loaded yet is priced from its size instead of being loaded to be timed."""
+    and a draft model not loaded yet is priced from its size instead of being loaded to be timed.
+    save=False: the caller stores it (keep_profile) once it knows the machine was quiet meanwhile."""
     key = profile_key(engine)
     if quick:
         prof = measure_costs(engine, repeats=2, warmup=1, depth=32, load_draft=False, sizes=QUICK_SIZES)
@@ -78,11 +80,28 @@ def tune(engine, n_max: int | None = None, repeats: int = 3, warmup: int = 1, qu
         prof = measure_costs(engine, n_max=n_max, repeats=repeats, warmup=warmup)
         prof.extra["steady_verify"] = steady_verify(engine.target, 12)  # for doctor's shape check
     prof.key = key
+    if save:
+        keep_profile(prof)
+    return prof
+
+
+def tune_while_quiet(engine, busy) -> CostProfile | None:
+    """auto's first profile for an engine that has none, measured now (quick, on the thread that decodes) and
+    kept, in the engine and the data dir, only if `busy()` says no other program used the cores meanwhile:
+    a figure measured on a busy machine is not this machine's (None then; measured again later)."""
+    prof = engine.decoding(lambda: tune(engine, quick=True, save=False))
+    if busy():
+        return None
+    keep_profile(prof)
+    engine.profile = prof
+    return prof
+
+
+def keep_profile(prof: CostProfile) -> None:
     try:
-        prof.save(profile_path(key))
+        prof.save(profile_path(prof.key))
     except OSError:  # a read-only data dir: use it now, measure again next time
         pass
-    return prof
 
 
 def check_pair(target: Path, draft: Path) -> None:

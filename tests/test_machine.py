@@ -74,6 +74,7 @@ def test_the_cpu_attention_kernel_is_weighed_per_token_of_a_chat_and_of_a_copy_m
 
     model = backend_model.Model(tiny.target)
     assert attention.cpu_kernel(model, 2, 2) == "off"  # a tiny model: nothing to measure, the plain kernel
+    assert not attention.kernel_pending(model, 2)
     deep = attention.deep_ms(model, 2, 2)  # the real measurements
     for ms in (attention.decode_ms(model, 2, 2), deep["pass"], deep["decode"]):
         assert set(ms) == {"off", "on"} and all(v > 0 for v in ms.values())
@@ -83,28 +84,40 @@ def test_the_cpu_attention_kernel_is_weighed_per_token_of_a_chat_and_of_a_copy_m
         monkeypatch.setattr(attention, "deep_ms", (lambda *a: {"pass": deep_pass, "decode": deep_decode or decode})
                             if deep_pass else lambda *a: (_ for _ in ()).throw(AssertionError("deep passes measured")))
 
-    said = []
     monkeypatch.setattr(attention, "MIN_PARAMS", 0)
+    measure = lambda n: attention.measure_kernel(model, n, n)  # noqa: E731
+    # unmeasured, a load runs llama-server's kernel at once, and never measures (a first answer never waits)
+    measured({"off": 10.0, "on": 11.0})
+    assert attention.cpu_kernel(model, 2, 2) == attention.SERVER_CHOICE == "on" and attention.kernel_pending(model, 2)
     measured({"off": 10.0, "on": 9.95})  # level decodes: the plain kernel, the deep passes not measured
-    assert attention.cpu_kernel(model, 2, 2, said.append) == "off" and len(said) == 1 and "attention" in said[0]
+    assert measure(2) == "off" and attention.cpu_kernel(model, 2, 2) == "off" and not attention.kernel_pending(model, 2)
     # a chat token 0.5 ms faster, a copied token 4/16 = 0.25 ms slower: flash attention
     measured({"off": 10.0, "on": 9.5}, {"off": 100.0, "on": 104.0})
-    assert attention.cpu_kernel(model, 2, 2) == "off"  # stored: not measured again
-    assert attention.cpu_kernel(model, 2, 2, said.append) == "off" and len(said) == 1  # stored: said nothing
-    assert attention.cpu_kernel(model, 1, 1, said.append) == "on"  # another thread count is measured anew
-    assert len(said) == 2
+    assert attention.cpu_kernel(model, 2, 2) == "off"  # stored: a load uses it
+    assert measure(1) == "on" and attention.cpu_kernel(model, 1, 1) == "on"  # another thread count: its own
     # the Xeon 1,024 deep: a chat token 1.9 ms faster, a copied one 20.6/16 = 1.3 ms slower, deep decodes 1.2%
     # slower: within a tie, llama-server's kernel
     measured({"off": 69.8, "on": 67.9}, {"off": 293.1, "on": 313.7}, {"off": 73.4, "on": 74.3})
-    assert attention.cpu_kernel(model, 3, 3) == "on"
+    assert measure(3) == "on"
     # a copied token losing 64/16 = 4 ms where a chat token gains 1.9: the plain kernel
     measured({"off": 69.8, "on": 67.9}, {"off": 293.0, "on": 357.0}, {"off": 73.4, "on": 74.3})
-    assert attention.cpu_kernel(model, 4, 4) == "off"
+    assert measure(4) == "off"
     # the EPYC 1,024 deep: decodes 11% slower there: the plain kernel, whatever the passes
     measured({"off": 33.4, "on": 32.6}, {"off": 235.0, "on": 236.0}, {"off": 35.6, "on": 40.0})
-    assert attention.cpu_kernel(model, 5, 5) == "off"
-    measured({"off": 10.0, "on": 9.0})  # stored choices are not measured again
+    assert measure(5) == "off"
     assert (attention.cpu_kernel(model, 1, 1), attention.cpu_kernel(model, 5, 5)) == ("on", "off")
-    attention._path(model, 1).write_text("{not json")  # a corrupt file is measured again, then replaced
+    attention._path(model, 1).write_text("{not json")  # a corrupt file: llama-server's kernel until measured again
+    assert attention.cpu_kernel(model, 1, 1) == "on" and attention.kernel_pending(model, 1)
+    # measured while another program used the cores: nothing stored
     measured({"off": 10.0, "on": 11.0})
-    assert attention.cpu_kernel(model, 1, 1) == "off" and attention.cpu_kernel(model, 1, 1) == "off"
+    assert attention.measure_kernel(model, 6, 6, busy=lambda: True) is None and attention.kernel_pending(model, 6)
+
+
+def test_a_kernel_measurement_gives_way_between_passes(tiny):
+    from localspec import attention
+
+    model = backend_model.Model(tiny.target)
+    asked = []
+    stop = lambda: asked.append(1) or len(asked) > 2  # noqa: E731
+    assert attention.measure_kernel(model, 7, 7, stop=stop) is None and len(asked) == 3
+    assert attention.stored_kernel(model, 7) is None

@@ -260,3 +260,23 @@ def test_idle_measurements_wait_while_other_programs_use_the_cpu(tmp_path):
     assert not one_second_later(0)  # quiet again
     s.idle_watch = None
     assert not s._others_busy()  # unknown: not busy
+
+
+def test_a_servers_first_measurements_wait_for_idle_time_and_a_quiet_machine(tiny, monkeypatch):
+    """A fresh server answers before anything is measured (auto decodes plainly until then); idle, it
+    measures its pass costs, kept only if no other program used the cores meanwhile."""
+    from localspec.config import LoadConfig
+    from localspec.engine import Engine
+    from localspec.server import worker
+
+    srv = worker.ServerSession.__new__(worker.ServerSession)
+    srv.engine = Engine(tiny.target, None, LoadConfig(n_threads=2, n_threads_batch=2))
+    try:
+        busy = [True]
+        monkeypatch.setattr(srv, "_others_busy", lambda: busy[0])
+        assert srv._first_measurements() and srv.engine.profile is None  # a busy machine: nothing kept
+        busy[0] = False
+        assert srv._first_measurements() and srv.engine.profile is not None
+        assert not srv._first_measurements()  # nothing left to measure for a tiny model (no kernel choice)
+    finally:
+        srv.engine.close()

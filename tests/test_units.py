@@ -218,3 +218,21 @@ def test_llama_cpp_library_loads_before_numpy():
             "print(names.index('llama_cpp.llama_cpp') < names.index('numpy'))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.stdout.strip() == "True", out.stderr
+
+
+def test_pass_costs_measured_on_a_busy_machine_are_not_kept(tiny):
+    """auto's first profile is measured after an answer, never before, and kept only when no other program
+    used the cores meanwhile: a busy machine's figures are not this machine's."""
+    from localspec import paths
+    from localspec.config import LoadConfig
+    from localspec.engine import Engine
+    from localspec.tuning import tune_while_quiet
+
+    e = Engine(tiny.target, None, LoadConfig(n_threads=2, n_threads_batch=2))
+    try:
+        assert tune_while_quiet(e, lambda: True) is None and e.profile is None
+        assert not list(paths.profiles_dir().glob("*.json"))
+        prof = tune_while_quiet(e, lambda: False)
+        assert e.profile is prof and prof.extra.get("quick") and list(paths.profiles_dir().glob("*.json"))
+    finally:
+        e.close()

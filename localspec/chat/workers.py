@@ -12,9 +12,12 @@ import time
 from pathlib import Path
 from typing import Callable
 
+from .. import attention
 from ..errors import ContextFullError, LocalspecError
 from ..server.remote import attach
 from ..session import GenChoice, ModelChoice, Session
+from ..threads import quiet_watch
+from ..tuning import tune_while_quiet
 from .messages import (
     Loaded,
     LoadFailed,
@@ -95,7 +98,17 @@ def _close_quietly(session) -> None:
 
 def generate_reply(session: Session, turn: Turn, messages, cfg, cancel: Callable[[], bool], post: Post,
                    save: Callable[..., None]) -> None:
-    """Stream one reply: post confirmed text in batches, save it as it grows, post ReplyDone last."""
+    """Stream one reply; then, while the user reads, measure what this machine has not measured yet."""
+    STARTED[0] += 1  # a kernel measurement still running after the last reply gives way
+    busy = quiet_watch()  # other programs' use of the cores during this reply: none, or nothing is measured
+    _stream_reply(session, turn, messages, cfg, cancel, post, save, busy)
+    if not session.remote and attention.engine_pending(session.engine) and not busy():
+        measure_kernel_while_idle(session.engine, busy)
+
+
+def _stream_reply(session: Session, turn: Turn, messages, cfg, cancel: Callable[[], bool], post: Post,
+                  save: Callable[..., None], busy: Callable[[], bool]) -> None:
+    """Post confirmed text in batches, save it as it grows, post ReplyDone last."""
     engine = session.engine
     pieces: list[tuple[str, str]] = []  # not yet posted to the UI
     runs: list[tuple[str, str]] = []  # every confirmed chunk: (text, source)
@@ -149,15 +162,30 @@ def generate_reply(session: Session, turn: Turn, messages, cfg, cancel: Callable
             save(turn.reply_id, text, runs, complete=error is None,
                  stop_reason=(stats.stop_reason if stats else None) if error is None else "error",
                  error=error, stats=stats.to_dict() if stats else None)
-        if measure_after:
-            _measure(session, post)
+        if measure_after and not busy():
+            _measure(session, post, busy)
         post(ReplyDone(turn, text, stats, live, error))
 
 
-def _measure(session: Session, post: Post) -> None:
+STARTED = [0]  # replies started in this process
+
+
+def measure_kernel_while_idle(engine, busy) -> None:
+    """After a reply, while the user reads and types: which attention kernel pays on this CPU (attention.py),
+    given up when the next reply starts or another program takes the cores; used from the next start."""
+    mine = STARTED[0]
+    try:
+        attention.measure_for(engine, stop=lambda: STARTED[0] != mine or busy(), busy=busy)
+    except Exception:  # a measurement must never break the chat: the next idle moment tries again
+        pass
+
+
+def _measure(session: Session, post: Post, busy) -> None:
     post(ReplyNote())
     try:
-        session.ensure_profile(spec="auto")
+        session.ensure_profile(spec="auto", measure=False)  # another process may have measured it meanwhile
+        if session.engine.profile is None:
+            tune_while_quiet(session.engine, busy)
         load_draft_in_background(session)
     except Exception:  # the next reply tries again (and decodes plainly meanwhile)
         pass

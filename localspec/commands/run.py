@@ -7,6 +7,8 @@ import sys
 
 from ..errors import ConfigError, LocalspecError
 from ..session import Session, gen_config, load_config, open_engine, select_models
+from ..threads import quiet_watch
+from ..tuning import tune_while_quiet
 from .common import add_gen_args, add_model_args, gen_choice, model_choice, pos_int, stderr_note
 
 
@@ -90,11 +92,16 @@ def cmd_run(args) -> int:
     engine, cfg, sel = session.engine, session.gen, session.selection
     prompt = engine.prompt_tokens(prompt_text if args.raw else [Message(r, c) for r, c in messages], raw=args.raw)
     engine.check_prompt(prompt)
-    session.ensure_profile(None if args.json else stderr_note)
+    session.ensure_profile(None if args.json else stderr_note, measure=False)
+    measure_after = cfg.spec == "auto" and engine.profile is None  # the first run here: plain now, no waiting
+    busy = quiet_watch()
     out = _Output(args)
-    for chunk in engine.generate(prompt, cfg):
+    for chunk in engine.generate(prompt, cfg.with_(spec="off") if measure_after else cfg):
         out.write(chunk.text)
-    return out.finish(engine.last_stats, sel.name)
+    code = out.finish(engine.last_stats, sel.name)
+    if measure_after and not busy():  # auto's pass costs, once, after the answer (~2 s) while the machine is quiet
+        tune_while_quiet(engine, busy)
+    return code
 
 
 def run_on_server(args, prompt_text: str, messages) -> int | None:

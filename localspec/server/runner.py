@@ -52,9 +52,8 @@ def load_into(state: ServerState, models: ModelChoice, gen: GenChoice, notify: C
         session = Session.open(models, gen, notify)
         if session.gen.max_tokens < 0:
             session.gen.max_tokens = UNLIMITED_TOKENS
-        # auto's pass costs now, not on a request (they are measured with the whole context to itself),
-        # whatever the default: any request may ask for auto
-        session.ensure_profile(notify, spec="auto")
+        # a stored profile only: the first answer never waits for a measurement (worker: idle time)
+        session.ensure_profile(notify, spec="auto", measure=False)
     except LocalspecError as e:
         state.load_error = str(e)
         return False

@@ -24,6 +24,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable
 
+from .. import attention
 from ..costmodel import CURVE_SIZES, depth_bucket, measure_at_depth
 from ..errors import LocalspecError
 from ..fim_windows import EditorSettings, EditorWindows
@@ -31,9 +32,9 @@ from .. import paths
 from ..promptcache import PromptCache
 from ..promptdisk import DiskPrompts, pair_key
 from ..session import Session
-from ..tuning import profile_path
+from ..tuning import keep_profile, tune_while_quiet
 from ..stats import Stats
-from ..threads import CpuWatch
+from ..threads import OTHERS_BUSY, CpuWatch
 from .infill import LineLimits
 from .jobqueue import JobQueue
 from .lanes import LanePool
@@ -80,6 +81,7 @@ class ServerSession:
         self.jobs = JobQueue(self._superseded)
         self.idle_prompt: list[int] | None = None  # a warm-up cut short by a request: finished when idle
         self.lanes = LanePool(self.engine)
+        self.measure_pending = self.engine.profile is None or attention.engine_pending(self.engine)
         self.threads = [threading.Thread(target=self._run, args=(i == 0,), name=f"localspec-generate-{i}",
                                          daemon=True) for i in range(len(lanes))]
         for t in self.threads:
@@ -176,7 +178,6 @@ class ServerSession:
 
     measure_pending = False  # a job ran since the last idle-time measurement
     idle_watch: CpuWatch | None = None  # the other processes' CPU since this worker began waiting
-    OTHERS_BUSY = 0.3  # of a core: another program is working, so a measurement now would be noise (and steal from it)
 
     def _idle_after(self) -> float | None:
         """How long the queue stays empty before idle work starts: editors send the next request within
@@ -188,6 +189,8 @@ class ServerSession:
     def _idle_work(self) -> None:
         if not self.idle_prompt and self._others_busy():
             return  # measure_pending stays: the next quiet moment measures (no lane taken, none parked)
+        if not self.idle_prompt and self._first_measurements():
+            return  # measure_pending stays: the depth's curve comes at the next quiet moment
         lane = self.lanes.checkout(lane=self.lanes.last, background=True)
         try:
             if self.idle_prompt:
@@ -197,6 +200,20 @@ class ServerSession:
                 self._measure_depth(lane)
         finally:
             self.lanes.checkin(lane, background=True)
+
+    def _first_measurements(self) -> bool:
+        """This machine's first pass costs, then its attention kernel, measured while idle, never before an
+        answer, and kept only if no other program used the cores meanwhile (the kernel measurement gives way
+        to any request). True when one was due (measured, or given up to be tried again)."""
+        engine = self.engine
+        if engine.profile is None:
+            tune_while_quiet(engine, self._others_busy)  # ~2 s on a quiet machine
+            return True
+        if attention.engine_pending(engine):
+            attention.measure_for(engine, stop=lambda: not self._quiet() or self._others_busy(),
+                                  busy=self._others_busy)
+            return True
+        return False
 
     def _foreground(self) -> bool:
         """A request waits or runs: background work (a warm-up) gives way to it, on any lane, since their
@@ -211,7 +228,7 @@ class ServerSession:
         that is idle, not only a server (measured: one ran beside another server's answer and made it
         decode at 4.2 tok/s instead of 28, its figures then thrown away as noise)."""
         busy = self.idle_watch.others_busy() if self.idle_watch is not None else None
-        return busy is not None and busy >= self.OTHERS_BUSY
+        return busy is not None and busy >= OTHERS_BUSY
 
     def _finish_warmup(self, lane) -> None:
         """Idle: go on evaluating the warm-up a request interrupted, giving way again to any job."""
@@ -258,10 +275,7 @@ class ServerSession:
         if depth_bucket(depth) is not None:
             prof.by_depth[str(depth)] = tv
         if prof.key:
-            try:
-                prof.save(profile_path(prof.key))
-            except OSError:  # an unwritable data dir: keep the figures for this process only
-                pass
+            keep_profile(prof)
 
     def _serve(self, job: Job) -> None:
         held: list = []  # the lane the job got, handed back whatever happens
@@ -280,12 +294,8 @@ class ServerSession:
             if cfg.grammar:
                 engine.grammar(cfg.grammar).close()  # a grammar that does not parse is a 400 before any answer
             check_prompt_fits(engine, prompt)
-            with self.profile_lock:  # measured with the whole context: only while no other lane runs
-                if engine.profile is None:  # on the thread that decodes (batching.py says why), which
-                    measure = len(self.jobs.running) <= 1  # waits for the step in flight: only to measure
-                    engine.decoding(lambda: self.session.ensure_profile(spec=cfg.spec, measure=measure))
-            if cfg.spec == "auto" and engine.profile is None:
-                cfg.spec = "off"  # no measured costs to decide with: plain decoding, never a guess
+            if cfg.spec == "auto" and engine.profile is None:  # measured when idle (_first_measurements),
+                cfg.spec = "off"  # never before an answer; meanwhile plain decoding, never a guess
             job.emit(("start", len(prompt)))
             t_start = time.perf_counter()
             lane = self.lanes.checkout(prompt)
@@ -314,8 +324,6 @@ class ServerSession:
             sys.stderr.flush()
         if engine.prompt_cache is not None:  # after the answer (its client need not wait); a prompt whose
             engine.prompt_cache.persist(stats.prompt_eval_tokens, lane.target)  # client gave up: for its retry
-
-    profile_lock = threading.Lock()
 
     def _generate(self, job: Job, prompt: list[int], cfg, lane):
         engine, ex = self.engine, job.extras
