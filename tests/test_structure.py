@@ -2,7 +2,8 @@
 
 - no import cycle among localspec's modules (imports inside functions count too);
 - nothing but cli.py (and the command modules themselves) imports `localspec.commands`;
-- no module over 500 lines, no function over 60.
+- no module over 500 lines, no function over 60;
+- llama.cpp imported only where docs/ARCHITECTURE.md says, and every module named there.
 """
 
 from __future__ import annotations
@@ -103,3 +104,28 @@ def test_modules_and_functions_stay_small():
                 if n > MAX_FUNCTION_LINES:
                     long_functions.append((f"{name}.{node.name}", n))
     assert long_modules == [] and long_functions == []
+
+
+LLAMA_CPP_IMPORTERS = {"localspec", "localspec.backend.model", "localspec.constraints", "localspec.doctor",
+                       "localspec.promptdisk"}  # docs/ARCHITECTURE.md, the backend/ row
+
+
+def test_llama_cpp_is_imported_only_where_the_architecture_says():
+    found = set()
+    for name, path in modules().items():
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.Import) and any(a.name.split(".")[0] == "llama_cpp" for a in node.names):
+                found.add(name)
+            elif isinstance(node, ast.ImportFrom) and not node.level and (node.module or "").split(".")[0] == "llama_cpp":
+                found.add(name)
+    assert found == LLAMA_CPP_IMPORTERS
+
+
+def test_the_architecture_page_names_every_module():
+    """docs/ARCHITECTURE.md names each module as `pkg/name.py`, `name.py` or `name` (in backquotes)."""
+    doc = (PKG.parent / "docs" / "ARCHITECTURE.md").read_text()
+    missing = [p.relative_to(PKG).as_posix() for p in sorted(PKG.rglob("*.py"))
+               if p.name not in ("__init__.py", "__main__.py")
+               and not any(n in doc for n in (p.relative_to(PKG).as_posix(), f"`{p.name}`", f"`{p.stem}`",
+                                              f"`{p.stem}.py`"))]
+    assert missing == []
