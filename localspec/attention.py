@@ -1,23 +1,19 @@
-"""Which attention kernel a CPU runs under `-fa auto`: llama.cpp's flash attention or its plain one,
-measured once per (model, threads, build) and stored in the data dir.
+"""Which attention kernel a CPU runs under `-fa auto`: llama.cpp's flash attention or its plain one.
 
-Neither wins on every CPU, nor at every depth. Flash attention decodes a few percent faster at a
-short chat's depth on both CPUs measured here (the Xeon ~3%, the EPYC 1-6%), and deeper it verifies
-long passes slower: the Xeon 7-13% 1,024 deep, the EPYC 17%, where its decodes are 11% slower too. A
-chat's every token is a decode, where llama-server (whose CPU kernel is flash attention) is matched or
-not, since nothing else speeds it up; a copied file's tokens come ~16 to a verify pass, deep, already
-several times faster than llama-server's. So the two are weighed per token of the answer the user
-waits for: a chat token's gain (a decode 64 deep) against a copied token's loss (1/16 of a 16-token
-pass 1,024 deep), and the decodes of a long conversation (1,024 deep). Flash attention when it decodes
-faster shallow (by MARGIN), no more than DEEP_TIE slower deep, and a copied token loses less than
-COPY_TIE chat tokens gain: within that the two cost the user about the same (the per-token figures
-move by half between first loads) and llama-server's kernel keeps plain decoding level with it. The
-Xeon: a chat token 1.9 ms faster, a copied one 1.3-2.4 ms slower, deep decodes 1-2% slower: flash
-attention. The EPYC: deep decodes 11% slower: the plain kernel. Until a CPU is measured it runs
-llama-server's choice; the measurement (~4 s; ~25 s more where the decode check favours flash attention)
-runs when the machine is idle (a server's idle time, the chat app after its first reply, `localspec
-tune`), is given up for any request, is kept only if no other program used the cores meanwhile, and is
-stored per (model, threads, build) for the next load; `-fa on|off` chooses without measuring.
+Neither wins on every CPU, nor at every depth: flash attention tends to decode a little faster at a short
+chat's depth and to verify long passes slower deep (docs/BENCHMARKS.md, "Figures behind the code's
+rules"). A chat's every token is a decode, where llama-server (whose CPU kernel is flash attention) is
+matched or not, since nothing else speeds it up; a copied file's tokens come ~16 to a verify pass, deep.
+So the two are weighed per token of the answer the user waits for: a chat token's gain (a decode 64
+deep) against a copied token's loss (1/16 of a 16-token pass 1,024 deep), and the decodes of a long
+conversation (1,024 deep). Flash attention when it decodes faster shallow (by MARGIN), no more than
+DEEP_TIE slower deep, and a copied token loses less than COPY_TIE chat tokens gain: within that the two
+cost the user about the same and llama-server's kernel keeps plain decoding level with it.
+
+Until a CPU is measured it runs llama-server's choice; the measurement runs when the machine is idle (a
+server's idle time, the chat app after a reply), is given up for any request, is kept only if no other
+program used the cores meanwhile, and is stored per (model, threads, build) for the next load;
+`-fa on|off` chooses without measuring.
 """
 
 from __future__ import annotations
@@ -32,18 +28,14 @@ from .costmodel import timed_pass
 
 DEPTH = 64  # tokens in the cache while decodes are timed (a short chat; flash attention gains most there)
 DECODES = 20  # timed decodes per kernel, alternating
-MARGIN = 0.01  # flash attention must decode this much faster shallow (the EPYC's gain alone, 0.9% and 2.4%
-# in two first loads, chose either kernel; with flash attention its edits fell from 2.2x to 1.97x
-# llama-server, its predicted edits to 1.84x)
-DEEP_TIE = 0.03  # ... and no more than this slower DEEP (the Xeon 1.2-1.7% in two first loads, the EPYC 11%)
-COPY_TIE = 2.0  # ... and a copied token lose less than this many chat tokens gain (the Xeon: 0.7-1.3)
+MARGIN = 0.01  # flash attention must decode this much faster shallow: a smaller gain is noise between loads
+DEEP_TIE = 0.03  # ... and no more than this slower DEEP
+COPY_TIE = 2.0  # ... and a copied token lose less than this many chat tokens gain
 DEEP = 1024  # tokens in the cache while long passes and deep decodes are timed (a copied file's depth)
 PASS = 16  # tokens in a timed pass (a long draft's verify; a copied token's share of it is 1/PASS)
 PASSES = 6  # timed passes per kernel, alternating
 DEEP_DECODES = 10  # timed decodes per kernel at DEEP, alternating
-RULE = 2  # the rule's version, in the stored file's key: a new rule measures again (1: passes 512 deep,
-# flash attention only when their loss in percent was no more than the decodes' gain: on the Xeon
-# 1.6% against 2.5% in one first load, 2.9% against 2.5% in the next, so either kernel)
+RULE = 2  # the rule's version, in the stored file's key: a new rule measures again
 MIN_PARAMS = 100_000_000  # smaller models (the tests' tiny ones): the plain kernel, nothing measured
 KERNELS = ("off", "on")
 SERVER_CHOICE = "on"  # llama-server's -fa auto on a CPU: flash attention, what runs until this CPU is measured
@@ -71,8 +63,8 @@ def kernel_pending(model: Model, n_threads: int) -> bool:
 
 
 def measure_kernel(model: Model, n_threads: int, n_threads_batch: int, stop=None, busy=None) -> str | None:
-    """Measure which kernel pays here (~4 s, ~25 s more on a CPU whose flash attention decodes faster) and
-    store it. None, nothing stored, when `stop()` (asked between passes) ended it or `busy()` says other
+    """Measure which kernel pays on this CPU (a few seconds; longer where flash attention decodes faster)
+    and store it. None, nothing stored, when `stop()` (asked between passes) ended it or `busy()` says other
     programs used the cores meanwhile: a figure measured on a busy machine is not this machine's."""
     try:
         ms = decode_ms(model, n_threads, n_threads_batch, stop)

@@ -11,9 +11,8 @@ one sequence's rejected drafts never touch another's cache.
 One thread decodes, for every context of the process: llama.cpp's OpenMP team belongs to the thread
 that calls llama_decode, and while two such threads live, libgomp counts more threads than cores and
 stops spinning at the barriers between a graph's nodes (a futex sleep at each instead): every pass of
-both teams, the batch thread's too, then cost ~25% more for the rest of the process (measured: a
-server's plain decoding 29.7 -> 23.6 tok/s after one request drafted with the model on a generation
-thread). So the draft model's passes, and anything else that decodes, go to the batch thread too
+both teams, the batch thread's too, then cost more for the rest of the process (docs/BENCHMARKS.md,
+"Figures behind the code's rules"). So the draft model's passes, and anything else that decodes, go to the batch thread too
 (`Batcher.call`).
 
 Fairness: prompt evaluation goes in slices of at most PROMPT_SLICE tokens while others are decoding
@@ -37,9 +36,9 @@ from .swap import SwapSpace
 GATHER_S = 0.004  # a step waits this long for sequences still busy in Python (accepting, drafting)
 PRIORITY_WAIT_S = 0.05  # while an editor's completion runs, the others' passes wait this long for its next one
 NEWCOMER_S = 2.0  # a request this new gets the steps to itself: the others decode plainly (no long drafts) meanwhile
-PROMPT_SLICE = 64  # prompt tokens per step while others decode: 0.4-1 s of their time here, 3% dearer than 512
-# a step of at least this many tokens (a long verify, a prompt slice: 0.3-1 s here) is given up inside
-# llama_decode when an editor's completion arrives, and goes again after it
+PROMPT_SLICE = 64  # prompt tokens per step while others decode: short enough not to stall them, barely dearer than 512
+# a step of at least this many tokens (a long verify, a prompt slice) is given up inside llama_decode when an
+# editor's completion arrives, and goes again after it
 YIELD_MIN = 16
 SWAP_POLL_S = 0.25  # how often a swapped-out sequence's client is asked whether it is still there
 
@@ -115,14 +114,13 @@ class Batcher:
         """(tokens, sequences) the other active sequences had in the last step: what a pass of this
         sequence's shares its step with (the policy prices drafts by it); and whether it should draft
         nothing now, yielding to a newer request (joined within NEWCOMER_S) or an editor's completion:
-        on this CPU a step with a 16-token draft costs ~11 decodes, and a short chat arriving beside a
-        long copied answer would get one token per such step (measured: its 8 tokens in 4.0 s, not 0.7 s)."""
+        a step with a long draft costs many decodes, and a short chat arriving beside a long copied
+        answer would get one token per such step (docs/BENCHMARKS.md, "Figures behind the code's rules")."""
         last, now, mine = self.last_step, time.monotonic(), self.joined.get(seq, 0.0)
         rows = [n for s, n in last.items() if s != seq and s in self.active]
         active = dict(self.active)
         newer = any(s != seq and t > mine and now - t < NEWCOMER_S for s, t in list(self.joined.items()) if s in active)
-        # an editor's completion runs: its next pass must not wait behind a long verify (a 64-token pass
-        # costs ~7 decodes here; measured /infill 1.62x its quiet time beside a copied answer's drafts)
+        # an editor's completion runs: its next pass must not wait behind a long verify
         editor = any(pri for s, pri in active.items() if s != seq)
         return sum(rows), len(rows), newer or editor
 
@@ -303,7 +301,7 @@ class Batcher:
     def _abort_for(self, step: list[tuple[Pass, int]]):
         """(what llama.cpp asks while the step runs whether to give it up, whether its passes then go
         again): background passes alone (an idle measurement's: work no request reuses) give way to any
-        request and to their work's own stop (a 64-token pass costs 0.4-1 s here); a long step of
+        request and to their work's own stop (a 64-token pass is a long wait); a long step of
         others' passes gives way to an editor's completion that arrives (and goes again after it)."""
         if all(p.stop is not None for p, _ in step):
             return (lambda: self._request_waiting() or any(p.stop() for p, _ in step)), False

@@ -64,15 +64,14 @@ class LoadConfig:
     n_gpu_layers_draft: int = -1  # same for the draft
     # Memory-mapped load, with the file's pages released as llama.cpp finishes with them (backend.py):
     # llama.cpp repacks Q4 weights for the CPU into a second buffer, and the mapped originals would
-    # otherwise stay resident too. Measured on the default pair (scripts/coldstart, README):
-    # mmap + release 1.16 GB peak while loading vs 1.86 GB plain mmap and 1.28 GB read(), and
-    # loading as fast as plain mmap. False: read() the file into memory (--no-mmap).
+    # otherwise stay resident too (README, "Start-up and memory": the lowest peak, as fast as plain mmap).
+    # False: read() the file into memory (--no-mmap).
     mmap: bool = True
     rpc_servers: str | None = None  # "host:port,host:port": llama.cpp RPC backends for the target
     # Verify passes padded to a few shapes (1, 2, 4, 8, 16 tokens): on a GPU, llama.cpp replays a CUDA graph
     # only after two passes of identical shape, so a verify whose k changes every round is captured anew
     # each time. None = on when the target is offloaded to a GPU, off on a CPU (where a padded token costs
-    # what a real one does: 3 tokens 2.4x a decode, 4 tokens 3.2x here).
+    # what a real one does).
     verify_buckets: bool | None = None
     chat_template: str | None = None  # override the template stored in the GGUF
     # llama.cpp's flash attention: "on", "off", or "auto": llama.cpp's own choice on a GPU; on a CPU the

@@ -8,7 +8,7 @@ a_1..a_k the expectation is 1 + sum_i prod_{j<=i} a_j (the same formula when all
 Worked example (the bench issue's): k = 4, each round yields 3 tokens, the draft 6x cheaper
 than the target, verification priced like one decode. 12 tokens take 4 rounds, each costing
 4 x 1/6 + 1 = 1.67 target passes: 6.7 passes instead of 12. On a CPU verification is NOT that
-cheap (T_verify(5) = 3.15 x T_decode measured here), which is why the profile is measured.
+cheap (docs/BENCHMARKS.md, "Pass costs on this CPU"), which is why the profile is measured.
 """
 
 from __future__ import annotations
@@ -177,10 +177,9 @@ def best_k_shared(alpha: float | list[float], k_max: int, costs: CostProfile, so
 
 # Pass sizes measured: every size up to 6 (where drafts usually live), then ever sparser up to 64
 # (long n-gram drafts of copied text); the sizes between are interpolated. On a CPU long passes are
-# the cheapest per token (16 tokens cost 7.1 decodes here, 0.44 each, where 8 cost 6.1), so a profile
-# that stops at 9 and extrapolates prices every long draft wrong.
+# the cheapest per token, so a profile that stops at 9 and extrapolates prices every long draft wrong.
 CURVE_SIZES = (1, 2, 3, 4, 5, 6, 8, 12, 16, 24, 32, 48, 64)
-QUICK_SIZES = (1, 2, 4, 8, 16)  # auto's first run (~3 s here); longer passes priced pessimistically until measured
+QUICK_SIZES = (1, 2, 4, 8, 16)  # auto's first profile (seconds); longer passes priced pessimistically until measured
 
 
 # A pass over n tokens in single-token decodes on a typical machine of each kind: the prices a greedy
@@ -219,8 +218,8 @@ def measure_costs(engine, n_max: int | None = None, repeats: int = 5, warmup: in
     process hits all of them alike, and each figure is a median over `repeats`. Every pass runs at
     the same depth and is rolled back. Single-token passes are timed as they run in generation, a
     few in a row (SINGLES): a GPU build replays a captured graph for repeated single-token passes
-    (CUDA graphs), so one pass between passes of other sizes costs twice a decode step there
-    (H100: 4.05 ms against 2.05 ms). A profile whose repeats disagree (noise: `noisy_sizes`) is
+    (CUDA graphs), so one pass between passes of other sizes costs about twice a decode step there
+    (docs/BENCHMARKS.md, GPU). A profile whose repeats disagree (noise: `noisy_sizes`) is
     measured again, up to `attempts` times in all; a curve that is not monotonic is kept when its
     repeats agree, since that is what the backend does (kernels change with the batch size).
     Without `load_draft`, a draft model not loaded yet is not loaded for this: its cost is estimated
@@ -359,7 +358,7 @@ def measure_at_depth(ctx, n_max: int, repeats: int = 3, should_stop=None) -> lis
         for n in sizes:
             if should_stop is not None and should_stop():
                 return None
-            try:  # passes longer than a draft's give way inside llama_decode to a request (a decode's: 30 ms)
+            try:  # passes longer than a draft's give way inside llama_decode to a request
                 dt = _steady_single_s(ctx, toks[:SINGLES]) if n == 1 else \
                     timed_pass(ctx, toks[:n], stop=should_stop if n > 8 else None)
             except PassInterrupted:

@@ -104,8 +104,8 @@ def _top_prob(logits: np.ndarray) -> float:
 
 class NgramDrafter:
     """Prompt lookup with long drafts: it proposes the longest continuation its evidence supports and
-    leaves k to the policy, which prices it over the whole measured pass curve (on a CPU a 16-token
-    pass costs 7 decodes where 8 cost 6, so a copy is best verified in long drafts).
+    leaves k to the policy, which prices it over the whole measured pass curve (on a CPU long passes are
+    the cheapest per token, so a copy is best verified in long drafts).
 
     Where the text comes from, in order: the copy being followed (the source the last proposal came
     from, while the confirmed text keeps matching it: a copied file is followed through repeated lines

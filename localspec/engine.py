@@ -35,7 +35,7 @@ from .threads import ThreadGovernor
 
 NO_DRAFT = Draft()
 T = TypeVar("T")
-BACKGROUND_STEP = 64  # tokens per pass of a prompt evaluation that may be interrupted: 0.4 s here, 3% slower than 512
+BACKGROUND_STEP = 64  # tokens per pass of a prompt evaluation that may be interrupted: a short wait, barely slower
 CANCEL_STEP = 256  # a request's own prompt: a hang-up or a newer request from its editor ends it within a pass
 
 

@@ -33,9 +33,8 @@ from .fim import require_fim
 PREFIX_S = 2.0  # a jump to a new area of a file costs about this much evaluation (typing then costs ~nothing)
 PREFIX_MIN, PREFIX_MAX = 256, 1536
 PREFIX_UNMEASURED = 384  # until a prompt evaluation has been timed
-# A jump evaluates the suffix too. First-line quality (scripts/fim-quality, 60 positions, a 256-token prefix
-# budget): exact / edit similarity 41.7 / 68.3 % with 160 suffix tokens, 40.0 / 66.4 with 128, 40.0 / 67.3
-# with 96, 35.0 / 63.9 with 64: below ~100 tokens a second of evaluation buys quality, above it little.
+# A jump evaluates the suffix too: below ~100 suffix tokens a second of evaluation buys first-line quality,
+# above it little (scripts/fim-quality; docs/BENCHMARKS.md, "Figures behind the code's rules").
 SUFFIX_S = 1.0
 SUFFIX_MIN, SUFFIX_MAX = 96, 160
 NEWER_HEAD_SLACK = 16  # tokens more to evaluate that the newest extra context is still worth

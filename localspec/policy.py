@@ -59,16 +59,14 @@ class AdaptivePolicy:
     # before any evidence (n-gram: the longer the match, the higher). A prediction starts where a
     # one-token draft just pays on a CPU (T_verify(2) = 1.56 decodes): a wrong one costs little, a
     # right one earns long drafts within a few rounds (its unverified proposals are scored too). An n-gram
-    # starts low: where a 4-token pass costs 1.7 decodes (a Xeon) a 3-token draft paid at 0.5, and chat
-    # answers, whose n-grams hold ~20% of the time, drafted 51 tokens to keep 10 (3 answers, each policy
-    # learning anew); at 0.35 they drafted 21, while a copy's shadow proposals earn its drafts within a
-    # few rounds (edits 3.30x llama-server, 3.25x at 0.5; docs/BENCHMARKS.md, "A second CPU")
+    # starts low: chat answers' n-grams rarely hold, and a higher prior drafted more than twice as many
+    # tokens for the same kept ones, while a copy's shadow proposals earn its drafts within a few rounds
+    # (docs/BENCHMARKS.md, "A second CPU")
     PRIOR = {"model": 0.7, "ngram": 0.35, "prediction": 0.75, "resync": 0.75}
     # Acceptance is a count of outcomes, hits and misses, older ones fading (DECAY per new outcome:
-    # about the last 100 tokens count), started from PRIOR_WEIGHT pseudo-outcomes at the prior. A
-    # running average that moved 10% toward each outcome read a copy that held for 40 tokens as
-    # 99.9% certain and drafted 64 tokens into the next edit; counts give the long-run rate (one miss
-    # in 25 tokens: 0.96), which is what the expected length of a long draft depends on.
+    # about the last 100 tokens count), started from PRIOR_WEIGHT pseudo-outcomes at the prior. A running
+    # average read a copy that held for a while as near-certain and drafted far into the next edit; counts
+    # give the long-run rate, which is what the expected length of a long draft depends on.
     DECAY = 0.99
     PRIOR_WEIGHT = 4.0
     BORROW_AFTER = 12.0  # outcomes (the prior's included) a shorter match's bucket needs to lend its estimate
@@ -107,7 +105,7 @@ class AdaptivePolicy:
     def k_for(self, source: str, k_max: int, match_len: int = 0, origin: str = "", catch_up=None,
               resync: bool = False) -> int:
         """catch_up(): tokens of text the draft model's cache lacks (evaluated before it can draft);
-        asked only when it decides (a prefix check over the whole text each round would cost ~2%)."""
+        asked only when it decides (a prefix check over the whole text each round would cost every round)."""
         a = self.estimate(_bucket(source, match_len, origin, resync))
         rows, others, newcomer = self.load() if self.load is not None else (0, 0, False)
         if newcomer:  # a newer request's first steps go at single-token speed: no drafts meanwhile

@@ -72,7 +72,7 @@ class PromptFills:
         """Until sequence `seq` holds tokens[:n] (or stopped filling). Its cache may still hold an older
         conversation, longer than n, until its fill begins: the prefix is checked, but only when the
         length changed (a few times a pass: a check per poll, in three waiting threads, took the GIL
-        from the batch thread often enough to cost ~5%)."""
+        from the batch thread often enough to slow every pass)."""
         seen = -1
         while seq in self.filling and not (should_stop and should_stop()):
             if len(other.tokens) != seen:

@@ -9,8 +9,7 @@ profile says it should cost (`slowdown` = seconds / expected), per thread count,
 average. When passes come much slower than expected it tries one thread fewer and keeps whichever
 count is faster now; while running below the maximum it tries one more every PROBE_S seconds, since
 the machine may have calmed down, but only when the other processes left a core free since the last
-look (`CpuWatch`, from /proc/stat: a probe into a busy machine costs far more than it can gain: passes at
-85-112x their expected cost were measured for the chat app in a terminal), and a probe that is plainly
+look (`CpuWatch`, from /proc/stat: a probe into a busy machine costs far more than it can gain), and a probe that is plainly
 worse ends after one pass. Thread counts never change the arithmetic's result in a way the
 acceptance rule relies on: every confirmed token is still the target's own (see the note in
 docs/BENCHMARKS.md for the measured effect on greedy outputs).
@@ -96,7 +95,7 @@ class ThreadGovernor:
 
     def begin_run(self) -> None:
         """A new generation: the profile was measured at a shallow depth, and a prompt thousands of tokens
-        deep makes every pass dearer (1.2x at 1,000 tokens here), which read as load and cost a trial at
+        deep makes every pass dearer, which read as load and cost a trial at
         one thread. The first passes of a run at the full count on a quiet machine set what this depth costs."""
         self.scale = 1.0
         self.calibrating = [] if self.threads == self.max_threads and self.trial_from is None else None
@@ -150,7 +149,7 @@ class ThreadGovernor:
 
     def _contended(self) -> bool:
         """Whether other processes use the CPU: only then can fewer threads be faster. On a quiet machine
-        slow passes are its own noise (measured: a trial at one thread there cost a short chat 10-15%);
+        slow passes are its own noise (a trial at one thread there cost a short chat more than it saved);
         where the others' use cannot be read (off Linux), slow passes are all there is to go by."""
         busy = self.others_busy()
         if busy is None:  # a window too short to say, or no /proc/stat

@@ -69,7 +69,7 @@ def tune(engine, n_max: int | None = None, repeats: int = 3, warmup: int = 1, qu
          save: bool = True) -> CostProfile:
     """Measure this engine's pass costs and store them as the profile of its (pair, device, threads):
     the one way a profile is made (`localspec tune`, `bench --costs --save`, auto's first run).
-    quick: auto's first run, which must not keep anyone waiting (~2 s here): fewer, shallower passes,
+    quick: auto's first profile, measured in seconds while idle: fewer, shallower passes,
     and a draft model not loaded yet is priced from its size instead of being loaded to be timed.
     save=False: the caller stores it (keep_profile) once it knows the machine was quiet meanwhile."""
     key = profile_key(engine)

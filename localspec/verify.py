@@ -1,7 +1,7 @@
 """Exactness self-test: speculative greedy vs plain greedy on the user's own pair.
 
-llama.cpp's batched and single-token evaluations round differently (measured up to ~0.6 logit on
-Qwen2.5-Coder-1.5B), so speculation, which verifies in batches, can pick the other token where the
+llama.cpp's batched and single-token evaluations round differently (docs/EXACT.md gives the size),
+so speculation, which verifies in batches, can pick the other token where the
 top two are nearly tied. We say so and measure it: a parting is fine when the plain run's
 top-1/top-2 margin there is within the batched-vs-single noise measured on this pair.
 """

@@ -129,3 +129,21 @@ def test_the_architecture_page_names_every_module():
                and not any(n in doc for n in (p.relative_to(PKG).as_posix(), f"`{p.name}`", f"`{p.stem}`",
                                               f"`{p.stem}.py`"))]
     assert missing == []
+
+
+def test_comments_name_no_machine_and_quote_no_local_figure():
+    """Figures go stale on the next machine: they live in docs/BENCHMARKS.md ("Figures behind the code's
+    rules"), and a comment says why in a line and points there. No comment or docstring names a CPU or
+    quotes a figure measured "here"."""
+    import io
+    import re
+    import tokenize
+
+    local = re.compile(r"\b(Xeon|EPYC)\b|\d[\d.,]*\s*(x|ms|s|tok/s|%|GB|MB)\b[^\n]{0,12}\bhere\b|\bmeasured here\b")
+    found = []
+    for name, path in modules().items():
+        src = path.read_text()
+        texts = [t.string for t in tokenize.generate_tokens(io.StringIO(src).readline)
+                 if t.type in (tokenize.COMMENT, tokenize.STRING)]
+        found += [f"{name}: {m.group(0)}" for t in texts for m in local.finditer(t)]
+    assert found == []

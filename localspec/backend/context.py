@@ -63,7 +63,7 @@ class Context:
         self.threads_batch = cp.n_threads_batch  # for long passes (prompt evaluation)
         self._batch_now = cp.n_threads_batch  # what llama.cpp uses for passes over more than one token now
         # llama.cpp asks this between the graph's nodes whether to give the pass up (set only around
-        # background passes: a Python call per node, ~1 ms a pass, nothing while unset)
+        # passes that may give way: a Python call per node, nothing while unset)
         self._abort: Callable[[], bool] | None = None
         self._abort_next = 0.0  # the question is put to `_abort` at most every ABORT_POLL_S
         self._abort_cb = L.ggml_abort_callback(self._should_abort)
@@ -181,8 +181,8 @@ class Context:
 
     def set_threads(self, n: int) -> None:
         """Threads for decoding and short (verification) passes from now on. Long passes keep
-        `threads_batch`: measured under load on 2 cores, a 916-token prompt took 16.2 s at 2 threads
-        and 18.3 s at 1 (a big batch amortizes the barriers that stall single-token decoding)."""
+        `threads_batch`: a big batch amortizes the barriers that stall single-token decoding under load
+        (docs/BENCHMARKS.md, "A busy machine")."""
         self.threads = n
         self._batch_now = -1  # re-applied at the next pass
 
@@ -281,9 +281,8 @@ def fill_to_answer(cache, tokens: list[int], should_stop=None, step: int = 128,
     """sync_cache for a prompt about to be answered: the prompt's last token goes in the prompt's own
     (last) pass, and that pass's last logits row, the first token's distribution, comes back with the
     count of tokens evaluated; None when `should_stop` ended the fill first. Evaluated alone, as the
-    first round's pass, that token cost a whole decode step (70 ms for the 1.5B on a 2-core CPU) where
-    one more row of the prompt's pass costs a few ms: llama-server's first token comes from the prompt's
-    pass too. A prompt the cache holds whole gives its last token again (no row is kept)."""
+    first round's pass, that token would cost a whole decode step where one more row of the prompt's pass
+    costs little: llama-server's first token comes from the prompt's pass too. A prompt the cache holds whole gives its last token again (no row is kept)."""
     n = min(common_prefix(cache.tokens, tokens), len(tokens) - 1)
     if align:  # every row computed in the same passes as a fresh evaluation's: aligned_reuse says how
         n, should_stop = aligned_reuse(n, len(tokens), step), should_stop or (lambda: False)

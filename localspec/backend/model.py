@@ -225,13 +225,13 @@ class MappedPageReleaser:
     llama.cpp works through it (madvise MADV_DONTNEED, Linux).
 
     With mmap llama.cpp reads every weight through the mapping and copies the Q4 ones into its
-    repacked CPU layout; the mapped originals would stay resident next to their copies (measured:
-    1.86 GB peak for the 1.5B target vs 1.16 GB with this). The mapping is read-only and shared, so
+    repacked CPU layout; the mapped originals would stay resident next to their copies (README,
+    "Start-up and memory"). The mapping is read-only and shared, so
     a page dropped here that is needed later (a tensor used in place, like the token embeddings)
     is simply read back from the page cache: the data never changes."""
 
     MADV_DONTNEED = 4
-    STEP = 0.02  # release after every 2% of the load
+    STEP = 0.02  # release after every fiftieth of the load
 
     def __init__(self, path: Path):
         self.real = os.path.realpath(path)

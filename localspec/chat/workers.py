@@ -31,9 +31,7 @@ from .status import Live
 
 STREAM_INTERVAL_S = 0.5  # the worker posts confirmed text to the UI at most this often (the first piece at once):
 # each update reflows and repaints the conversation on the UI thread, which takes CPU from the decode threads
-# (a real terminal, tmux 120x40, 200-token reply, quiet 2 cores: 3 updates a second cost the UI thread 8% of a
-# core and chat ran at 0.92x the CLI's tok/s; 2 a second, 6% and 0.95x; 1 a second, 4% and 0.96x; on 64-token
-# replies, where each reply's fixed UI work weighs more: 0.87-0.90x at 2 a second, 0.91x at 1 a second)
+# (docs/BENCHMARKS.md, "Figures behind the code's rules")
 SAVE_INTERVAL_S = 0.5  # ... and writes the reply so far to the history this often
 
 Post = Callable[[object], None]

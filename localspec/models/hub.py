@@ -108,7 +108,7 @@ def hf_cache_dir() -> Path:
 def hf_cached_file(repo: str, file: str, revision: str | None = None) -> Path | None:
     """The file in huggingface-hub's cache, or None. Reads only the local cache (never the network)."""
     if not (hf_cache_dir() / f"models--{repo.replace('/', '--')}").is_dir():
-        return None  # not cached: no need to import huggingface_hub (~50 ms of every command's start)
+        return None  # not cached: no need to import huggingface_hub (a noticeable share of every command's start)
     from huggingface_hub import try_to_load_from_cache
 
     found = try_to_load_from_cache(repo, file, cache_dir=str(hf_cache_dir()), revision=revision)

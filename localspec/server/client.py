@@ -23,7 +23,7 @@ from ..stats import Stats
 
 PROBE_TIMEOUT_S = 0.1
 # The longest silence `run` waits out from a server: a queue ahead of it and a long prompt's evaluation
-# (4,000 tokens at ~70 tok/s here) both send nothing for a while; a wedged server must not hang a shell.
+# (a minute for thousands of tokens on a small CPU) send nothing for a while; a wedged one must not hang a shell.
 SILENCE_S = 180.0
 
 

@@ -3,9 +3,8 @@
 A request gets the free lane whose cache shares the longest prefix with its prompt (llama-server's slot
 selection by similarity; among equals the emptiest), so a conversation or an editor stays where its
 cells are. The other free lanes' sequences are parked: saved to the prompt cache in host memory and
-their cells freed. In one unified KV cache every decode attends over every cell in use, masked or not:
-three idle lanes holding 3,000 tokens each made a lone request decode 22% slower here (26.3 -> 20.4
-tok/s). A parked sequence comes back from the prompt cache, a memory copy, when its client returns.
+their cells freed. In one unified KV cache every decode attends over every cell in use, masked or not,
+so idle lanes' cells slow a lone request (docs/BENCHMARKS.md, "Figures behind the code's rules"). A parked sequence comes back from the prompt cache, a memory copy, when its client returns.
 Idle work (pass costs measured at the last request's depth) holds a lane too, filled as deep as that
 request ran; a request lets it hand that lane back (it gives way within a pass) before choosing, so the
 lane is parked, or is the request's own conversation, before the request evaluates anything.
@@ -20,10 +19,9 @@ from ..promptcache import KEEP_MIN  # idle sequences shorter than this cost noth
 
 
 class LanePool:
-    # A request waits at most this long for idle work to hand its lane back (it gives way within a pass:
-    # ~5 ms of llama.cpp's abort polling, then its cache truncated). Left holding a deep cache beside a
-    # request, that lane's cells are attended over in every one of the request's passes: measured after a
-    # 3,500-token answer, a 33-token prompt 0.64 s against 0.42, decoding 11.9 against 14.9 tok/s.
+    # A request waits at most this long for idle work to hand its lane back (it gives way within a pass,
+    # then its cache is truncated). Left holding a deep cache beside a request, that lane's cells would be
+    # attended over in every one of the request's passes.
     BACKGROUND_WAIT_S = 1.0
 
     def __init__(self, engine):

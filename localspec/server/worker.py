@@ -217,7 +217,7 @@ class ServerSession:
 
     def _foreground(self) -> bool:
         """A request waits or runs: background work (a warm-up) gives way to it, on any lane, since their
-        passes would share every step (measured with llama.vim: completions beside warm-ups 31-41 s)."""
+        passes would share every step (llama.vim's completions waited out its warm-ups)."""
         return self.jobs.foreground_waiting() or any(not j.background for j in list(self.jobs.running))
 
     def _quiet(self) -> bool:
@@ -225,8 +225,8 @@ class ServerSession:
 
     def _others_busy(self) -> bool:
         """Whether other programs used the CPU since the last look: idle measurements wait for a machine
-        that is idle, not only a server (measured: one ran beside another server's answer and made it
-        decode at 4.2 tok/s instead of 28, its figures then thrown away as noise)."""
+        that is idle, not only a server (one ran beside another server's answer and slowed it several
+        times over, its own figures then thrown away as noise)."""
         busy = self.idle_watch.others_busy() if self.idle_watch is not None else None
         return busy is not None and busy >= OTHERS_BUSY
 
