@@ -64,7 +64,7 @@ class LoadConfig:
     n_gpu_layers_draft: int = -1  # same for the draft
     # Memory-mapped load, with the file's pages released as llama.cpp finishes with them (backend.py):
     # llama.cpp repacks Q4 weights for the CPU into a second buffer, and the mapped originals would
-    # otherwise stay resident too (README, "Start-up and memory": the lowest peak, as fast as plain mmap).
+    # otherwise stay resident too (docs/BENCHMARKS.md, "Start-up and memory": the lowest peak, as fast as plain mmap).
     # False: read() the file into memory (--no-mmap).
     mmap: bool = True
     rpc_servers: str | None = None  # "host:port,host:port": llama.cpp RPC backends for the target

@@ -264,7 +264,7 @@ class Session:
         cfg = gen_config(gen, sel)  # before loading: a bad setting fails fast
         load = load_config(models, sel)
         if load.mmap:  # the disk starts reading while Python imports llama.cpp and numpy (with read(), the
-            prefetch(sel.target)  # two streams would only compete: slower cold, README "Start-up and memory")
+            prefetch(sel.target)  # two streams would only compete: slower cold: docs/BENCHMARKS.md)
         engine = open_engine(sel, load, notify)
         follow_recent_load(engine)
         return cls(sel, cfg, load, engine, gen.system, load_notes(models))

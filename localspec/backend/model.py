@@ -225,7 +225,7 @@ class MappedPageReleaser:
     llama.cpp works through it (madvise MADV_DONTNEED, Linux).
 
     With mmap llama.cpp reads every weight through the mapping and copies the Q4 ones into its
-    repacked CPU layout; the mapped originals would stay resident next to their copies (README,
+    repacked CPU layout; the mapped originals would stay resident next to their copies (docs/BENCHMARKS.md,
     "Start-up and memory"). The mapping is read-only and shared, so
     a page dropped here that is needed later (a tensor used in place, like the token embeddings)
     is simply read back from the page cache: the data never changes."""

@@ -34,7 +34,7 @@ def add_model_args(p: argparse.ArgumentParser, positional_pair: bool = False) ->
     g.add_argument("-fa", "--flash-attn", choices=["on", "off", "auto"], default=None,
                    help="llama.cpp's flash attention, like its -fa (default auto: llama.cpp's choice on a GPU; on "
                         "a CPU the kernel whose answers' tokens cost less, flash attention on a tie, "
-                        "measured once; off costs a bigger compute buffer: see README, Serve)")
+                        "measured once; off costs a bigger compute buffer: see docs/SERVE.md)")
     g.add_argument("--exact", action="store_true", default=False,
                    help="greedy speculation byte-identical to plain decoding on every request: llama.cpp's "
                         "batch-invariant CPU kernels, at some speed (K-quant models; see docs/EXACT.md)")

@@ -35,7 +35,7 @@ async def not_found(request: Request, exc) -> Response:
     shape = errors_for(path)
     if status == 405:
         return error_response(ApiError(405, f"{request.method} is not allowed on {path}", "invalid_request_error"), shape)
-    return error_response(ApiError(404, f"no endpoint {path}; see GET /props and the README's Serve section",
+    return error_response(ApiError(404, f"no endpoint {path}; see GET /props and docs/SERVE.md",
                                    "not_found_error"), shape)
 
 
