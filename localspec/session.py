@@ -3,16 +3,18 @@
 A user's choices (a pair name or target/draft paths, load settings, generation settings) arrive
 as plain dataclasses (`ModelChoice`, `GenChoice`) from whichever front end took them: the CLI's
 flags, the chat app, the server's defaults. This module turns them into resolved files
-(`Selection`), a `LoadConfig`, a `GenConfig`, a loaded `Engine`, and makes sure the engine has
-the pass-cost profile `--spec auto` needs. It is the one place that measures or reuses that
-profile; it reports what it does through a callback, and prints nothing itself.
+(`Selection`), a `LoadConfig`, a `GenConfig`, a loaded `Engine`, and attaches the stored pass-cost
+profile `--spec auto` needs; what is not measured yet, it measures when a front end says nobody waits
+(`Session.measure_costs`, `measure_kernel`). `SessionFace` and `EngineFace` say what a front end may use
+of a session and its engine, loaded here or in a running server (client/remote.py). It reports through
+a callback and prints nothing itself.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Iterator, Protocol
 
 from .config import GenConfig, LoadConfig
 from .errors import ConfigError
@@ -245,9 +247,42 @@ def ensure_profile(engine, spec: str = "auto", notify: Notify | None = None, rem
     return engine.profile
 
 
+class EngineFace(Protocol):
+    """What a front end uses of an engine: `Engine` here, `RemoteEngine` through a server."""
+    profile: object  # costmodel.CostProfile | None
+    last_stats: object  # stats.Stats | None, after a generation
+
+    def prompt_tokens(self, messages: list) -> list[int]: ...
+
+    def generate(self, prompt: list[int], cfg: GenConfig, cancel: Callable[[], bool] | None = None) -> Iterator: ...
+
+    def load_draft(self): ...
+
+
+class SessionFace(Protocol):
+    """What a front end uses of a session: `Session` here, `RemoteSession` through a server."""
+    selection: "Selection"
+    gen: GenConfig
+    engine: EngineFace
+    notes: list[str]
+
+    def ensure_profile(self, notify: Notify | None = None, spec: str | None = None, measure: bool = True): ...
+
+    def costs_pending(self) -> bool: ...
+
+    def measure_costs(self, busy: Callable[[], bool]) -> None: ...
+
+    def measure_kernel(self, busy: Callable[[], bool], stop: Callable[[], bool]) -> None: ...
+
+    def elapsed(self, stats, t_call: float, now: float) -> float: ...
+
+    def wants_draft(self) -> bool: ...
+
+    def close(self) -> None: ...
+
+
 class Session:
-    """A user's choice resolved and loaded: `selection`, `load`, `gen` (the GenConfig), `engine`."""
-    remote = False  # loaded in this process (server/remote.py: a running server's pair)
+    """A user's choice resolved and loaded in this process: `selection`, `load`, `gen` (the GenConfig), `engine`."""
 
     def __init__(self, selection: Selection, gen: GenConfig, load: LoadConfig, engine, system: str | None = None,
                  notes: list[str] | None = None):
@@ -271,6 +306,30 @@ class Session:
 
     def ensure_profile(self, notify: Notify | None = None, spec: str | None = None, measure: bool = True):
         return ensure_profile(self.engine, spec or self.gen.spec, notify, measure=measure)
+
+    def costs_pending(self) -> bool:
+        """auto has no pass costs yet on this machine (its answers decode plainly until `measure_costs`)."""
+        return self.engine.profile is None
+
+    def measure_costs(self, busy: Callable[[], bool]) -> None:
+        """auto's pass costs, now that nobody waits: a stored profile (another process may have measured it
+        meanwhile), else measured and kept only if `busy()` says no other program used the cores."""
+        from .tuning import tune_while_quiet
+
+        if ensure_profile(self.engine, "auto", measure=False) is None and not busy():
+            tune_while_quiet(self.engine, busy)
+
+    def measure_kernel(self, busy: Callable[[], bool], stop: Callable[[], bool]) -> None:
+        """This CPU's attention kernel, if still unmeasured (attention.py), given up when `stop()` says; used
+        from the next load."""
+        from . import attention
+
+        if attention.engine_pending(self.engine) and not busy():
+            attention.measure_for(self.engine, stop, busy)
+
+    def elapsed(self, stats, t_call: float, now: float) -> float:
+        """The generation's seconds so far as live figures count them: the prompt's evaluation left out."""
+        return now - t_call - stats.prompt_eval_s
 
     def wants_draft(self) -> bool:
         """Will generation with these settings draft with the model? (then load it early, in the

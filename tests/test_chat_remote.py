@@ -19,8 +19,8 @@ from test_chat_app import SIZE, notices, send, status_text, wait_until
 from localspec.chat.app import ChatApp
 from localspec.commands.chat import parse_chat_args
 from localspec.engine import Message
-from localspec.server import client
-from localspec.server.remote import RemoteEngine
+from localspec.client import connect as client
+from localspec.client.remote import RemoteEngine, RemoteSession
 
 CTX = "1024"
 
@@ -84,7 +84,8 @@ def test_chat_answers_through_the_server_with_live_figures(server, tiny, monkeyp
         app = chat_app(tiny)
         async with app.run_test(size=SIZE) as pilot:
             await wait_until(pilot, lambda: not app.loading, "the server to be found")
-            assert app.session.remote and any("answering through the localspec server" in n for n in notices(app))
+            assert app.session is not None, (app.load_error, notices(app))
+            assert isinstance(app.session, RemoteSession) and any("answering through the localspec server" in n for n in notices(app))
             other.start()  # another client is active while the chat answers
             view = await send(pilot, app, "hello world")
             st = app.last_stats
@@ -114,7 +115,7 @@ def test_chat_with_local_or_another_pair_loads_its_own(server, tiny, monkeypatch
     async def go(app):
         async with app.run_test(size=SIZE) as pilot:
             await wait_until(pilot, lambda: not app.loading, "the models to load")
-            assert app.engine is not None and not app.session.remote
+            assert app.engine is not None and not isinstance(app.session, RemoteSession)
             await send(pilot, app, "hello")
             assert app.last_stats.tokens > 0
 

@@ -12,12 +12,10 @@ import time
 from pathlib import Path
 from typing import Callable
 
-from .. import attention
 from ..errors import ContextFullError, LocalspecError
-from ..server.remote import attach
-from ..session import GenChoice, ModelChoice, Session
+from ..client.remote import attach
+from ..session import GenChoice, ModelChoice, Session, SessionFace
 from ..threads import quiet_watch
-from ..tuning import tune_while_quiet
 from .messages import (
     Loaded,
     LoadFailed,
@@ -94,17 +92,20 @@ def _close_quietly(session) -> None:
             pass
 
 
-def generate_reply(session: Session, turn: Turn, messages, cfg, cancel: Callable[[], bool], post: Post,
+def generate_reply(session: SessionFace, turn: Turn, messages, cfg, cancel: Callable[[], bool], post: Post,
                    save: Callable[..., None]) -> None:
     """Stream one reply; then, while the user reads, measure what this machine has not measured yet."""
     STARTED[0] += 1  # a kernel measurement still running after the last reply gives way
     busy = quiet_watch()  # other programs' use of the cores during this reply: none, or nothing is measured
     _stream_reply(session, turn, messages, cfg, cancel, post, save, busy)
-    if not session.remote and attention.engine_pending(session.engine) and not busy():
-        measure_kernel_while_idle(session.engine, busy)
+    mine = STARTED[0]
+    try:  # this CPU's attention kernel, given up when the next reply starts or another program takes the cores
+        session.measure_kernel(busy, stop=lambda: STARTED[0] != mine or busy())
+    except Exception:  # a measurement must never break the chat: the next idle moment tries again
+        pass
 
 
-def _stream_reply(session: Session, turn: Turn, messages, cfg, cancel: Callable[[], bool], post: Post,
+def _stream_reply(session: SessionFace, turn: Turn, messages, cfg, cancel: Callable[[], bool], post: Post,
                   save: Callable[..., None], busy: Callable[[], bool]) -> None:
     """Post confirmed text in batches, save it as it grows, post ReplyDone last."""
     engine = session.engine
@@ -115,7 +116,7 @@ def _stream_reply(session: Session, turn: Turn, messages, cfg, cancel: Callable[
     ntok = 0
     # --spec auto with no measured pass costs yet (the first reply on this machine): answer plainly
     # now and measure right after, so nobody waits for the measurement before the first token
-    measure_after = cfg.spec == "auto" and engine.profile is None and not session.remote  # a server measures its own
+    measure_after = cfg.spec == "auto" and session.costs_pending()
     if measure_after:
         cfg = cfg.with_(spec="off")
     try:
@@ -134,7 +135,7 @@ def _stream_reply(session: Session, turn: Turn, messages, cfg, cancel: Callable[
             if pieces and (now - last_post >= STREAM_INTERVAL_S or len(runs) == len(pieces)):
                 st = engine.last_stats
                 # a server's figures count its own generation time (not the wait in its queue, nor HTTP)
-                elapsed = st.generation_s if session.remote else now - t_call - st.prompt_eval_s
+                elapsed = session.elapsed(st, t_call, now)
                 live = Live.of(st, elapsed, engine.profile)
                 post(ReplyDelta(turn.view, pieces, live))
                 pieces, last_post = [], now
@@ -168,22 +169,10 @@ def _stream_reply(session: Session, turn: Turn, messages, cfg, cancel: Callable[
 STARTED = [0]  # replies started in this process
 
 
-def measure_kernel_while_idle(engine, busy) -> None:
-    """After a reply, while the user reads and types: which attention kernel pays on this CPU (attention.py),
-    given up when the next reply starts or another program takes the cores; used from the next start."""
-    mine = STARTED[0]
-    try:
-        attention.measure_for(engine, stop=lambda: STARTED[0] != mine or busy(), busy=busy)
-    except Exception:  # a measurement must never break the chat: the next idle moment tries again
-        pass
-
-
-def _measure(session: Session, post: Post, busy) -> None:
+def _measure(session: SessionFace, post: Post, busy) -> None:
     post(ReplyNote())
     try:
-        session.ensure_profile(spec="auto", measure=False)  # another process may have measured it meanwhile
-        if session.engine.profile is None:
-            tune_while_quiet(session.engine, busy)
+        session.measure_costs(busy)
         load_draft_in_background(session)
     except Exception:  # the next reply tries again (and decodes plainly meanwhile)
         pass

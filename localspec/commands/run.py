@@ -106,16 +106,12 @@ def cmd_run(args) -> int:
 
 def run_on_server(args, prompt_text: str, messages) -> int | None:
     """Answer through a running `localspec serve` holding the same pair; None: no such server."""
-    from ..server import client
+    from ..client import connect as client
 
-    ep = client.configured_endpoint()
-    props = client.probe(ep)
-    if props is None:
+    found = client.find_server(model_choice(args))
+    if found is None:
         return None
-    models = model_choice(args)
-    sel = select_models(models)
-    if not client.same_pair(props, sel.target, sel.draft, client.load_flags(models)):
-        return None
+    ep, _, sel = found
     cfg = gen_config(gen_choice(args), sel)
     path, body = client.request_body(prompt_text if args.raw else messages, cfg, args.raw)
     out = _Output(args)

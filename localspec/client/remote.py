@@ -20,7 +20,7 @@ from ..costmodel import CostProfile
 from ..engine import Chunk, Message
 from ..errors import LocalspecError
 from ..session import GenChoice, ModelChoice, Selection, gen_config, select_models
-from . import client
+from . import connect as client
 
 
 class RemotePrompt(list):
@@ -102,13 +102,15 @@ class RemoteEngine:
         return LocalspecError(f"the server at {self.ep.host}:{self.ep.port} stopped answering ({e}); "
                               "start the chat with --local to load the models here")
 
+    def load_draft(self) -> None:
+        pass  # the server holds the draft
+
     def close(self) -> None:
         pass
 
 
 class RemoteSession:
-    """A `Session` whose pair is loaded in a running server."""
-    remote = True
+    """A session (`SessionFace`) whose pair is loaded in a running server, which measures its own costs."""
     system = None
 
     def __init__(self, selection: Selection, gen, engine: RemoteEngine, label: str):
@@ -119,6 +121,18 @@ class RemoteSession:
     def ensure_profile(self, notify=None, spec: str | None = None, measure: bool = True):
         return self.engine.profile  # the server measures its own
 
+    def costs_pending(self) -> bool:
+        return False
+
+    def measure_costs(self, busy) -> None:
+        pass
+
+    def measure_kernel(self, busy, stop) -> None:
+        pass
+
+    def elapsed(self, stats, t_call: float, now: float) -> float:
+        return stats.generation_s  # the server's own figures: not the wait in its queue, nor HTTP
+
     def wants_draft(self) -> bool:
         return False
 
@@ -128,13 +142,10 @@ class RemoteSession:
 
 def attach(models: ModelChoice, gen: GenChoice, notify=None) -> RemoteSession | None:
     """A session through the running server when it holds this pair, loaded as asked; None otherwise."""
-    ep = client.configured_endpoint()
-    props = client.probe(ep)
-    if props is None:
+    found = client.find_server(models, notify)
+    if found is None:
         return None
-    sel = select_models(models, notify)
-    if not client.same_pair(props, sel.target, sel.draft, client.load_flags(models)):
-        return None
+    ep, props, sel = found
     try:
         engine = RemoteEngine(ep, props)
     except (KeyError, TypeError, ValueError):  # not the /props this version serves

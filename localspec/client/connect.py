@@ -55,7 +55,7 @@ class Endpoint:
 
 def configured_endpoint() -> Endpoint:
     """LOCALSPEC_SERVER (a URL or host:port), else the default port on loopback."""
-    from . import DEFAULT_PORT
+    from ..server import DEFAULT_PORT  # the one place the port is set (import-free package)
 
     raw = os.environ.get("LOCALSPEC_SERVER", "").strip()
     key = os.environ.get("LOCALSPEC_API_KEY") or None
@@ -89,6 +89,21 @@ def probe(ep: Endpoint, budget_s: float = PROBE_TIMEOUT_S) -> dict | None:
     except ValueError:
         return None
     return props if isinstance(props, dict) and isinstance(props.get("localspec"), dict) else None
+
+
+def find_server(models, notify=None):
+    """(endpoint, its /props, the selection) of the running server when it holds the pair `models` resolves
+    to, loaded as asked; None when none answers or it holds another."""
+    from ..session import select_models
+
+    ep = configured_endpoint()
+    props = probe(ep)
+    if props is None:
+        return None
+    sel = select_models(models, notify)
+    if not same_pair(props, sel.target, sel.draft, load_flags(models)):
+        return None
+    return ep, props, sel
 
 
 def same_pair(props: dict, target: str, draft: str | None, load: dict | None = None) -> bool:
