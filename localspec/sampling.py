@@ -111,8 +111,8 @@ def top2_margin(logits: np.ndarray) -> float:
     return float(abs(b - a))
 
 
-def accept_sampled(draft: Draft, logits: np.ndarray, cfg: GenConfig, rng) -> tuple[int, int]:
-    """Speculative sampling over one verified draft: (number accepted, the target's token)."""
+def accept_sampled(draft, logits: np.ndarray, cfg: GenConfig, rng) -> tuple[int, int]:
+    """Speculative sampling over one verified draft (a drafters.Draft): (number accepted, the target's token)."""
     for i, x in enumerate(draft.tokens):
         p = logits_to_probs(logits[i], cfg)
         q = draft.probs[i]

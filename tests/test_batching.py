@@ -380,7 +380,7 @@ def test_the_wait_queue_is_bounded(monkeypatch):
     from localspec.server import worker
     from localspec.server.jobqueue import JobQueue
     from localspec.server.metrics import Metrics
-    from localspec.server.protocol import ApiError
+    from localspec.server.apierrors import ApiError
 
     monkeypatch.setattr(worker, "MAX_WAITING", 2)
     srv = worker.ServerSession.__new__(worker.ServerSession)  # no lanes: every job stays waiting

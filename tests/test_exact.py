@@ -18,7 +18,8 @@ from tinygguf import build_tiny_model
 from localspec.config import GenConfig, LoadConfig
 from localspec.costmodel import CostProfile
 from localspec.engine import Engine
-from localspec.server.protocol import ApiError, gen_settings
+from localspec.server.apierrors import ApiError
+from localspec.server.settings import gen_settings
 
 HERE = Path(__file__).resolve().parent
 

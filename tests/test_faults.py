@@ -92,7 +92,7 @@ def test_a_waiter_that_hangs_up_leaves_the_queue_at_once():
     scripts/fault-check holds every lane with a long stream and lets 68 clients hang up)."""
     from localspec.server.jobqueue import JobQueue
     from localspec.server.metrics import Metrics
-    from localspec.server.protocol import ApiError
+    from localspec.server.apierrors import ApiError
     from localspec.server.worker import MAX_WAITING, Job, ServerSession
 
     srv = ServerSession.__new__(ServerSession)  # its queue and counters alone: no lane takes a job

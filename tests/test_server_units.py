@@ -14,7 +14,9 @@ from localspec.drafters import NgramDrafter
 from localspec.engine import Engine
 from localspec import fim as fimmod
 from localspec.server import infill
-from localspec.server.protocol import ApiError, gen_settings, pick_fields
+from localspec.server.apierrors import ApiError
+from localspec.server.fields import pick_fields
+from localspec.server.settings import gen_settings
 
 
 @pytest.fixture(scope="module")

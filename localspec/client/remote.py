@@ -19,7 +19,7 @@ from typing import Callable, Iterator
 from ..costmodel import CostProfile
 from ..engine import Chunk, Message
 from ..errors import LocalspecError
-from ..session import GenChoice, ModelChoice, Selection, gen_config, select_models
+from ..session import GenChoice, ModelChoice, Selection, gen_config
 from . import connect as client
 
 

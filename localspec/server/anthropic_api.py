@@ -18,9 +18,11 @@ from starlette.responses import JSONResponse, Response
 from ..engine import Message
 from . import shapes
 from .chat import END, LENGTH, STOP_SEQUENCE, TOOL_CALLS, ChatRequest, End, Idle, Text, joined_text, open_chat, prompt_size
-from .http import KEEPALIVE_S, ServerState, named_sse, read_body, stream
-from .protocol import LOCALSPEC_FIELDS, ApiError, gen_settings, integer
-from .tools import tool_request
+from .http import KEEPALIVE_S, ServerState, named_sse, read_body
+from .apierrors import ApiError
+from .fields import integer
+from .settings import LOCALSPEC_FIELDS, gen_settings
+from .tools import call_arguments, tool_request
 
 STOP_REASON = {END: "end_turn", STOP_SEQUENCE: "stop_sequence", LENGTH: "max_tokens", TOOL_CALLS: "tool_use"}
 ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
@@ -160,11 +162,7 @@ def _message(msg_id: str, model: str, content: list, end: End | None, prompt_len
 
 
 def tool_use_block(call: dict) -> dict:
-    args = call["function"]["arguments"]
-    try:
-        data = json.loads(args) if isinstance(args, str) else args
-    except ValueError:
-        data = {}
+    data = call_arguments(call["function"]["arguments"])
     return {"type": "tool_use", "id": "toolu_" + call["id"].removeprefix("call_"), "name": call["function"]["name"],
             "input": data if isinstance(data, dict) else {"value": data}}
 
@@ -210,7 +208,7 @@ async def messages(request: Request, state: ServerState) -> Response:
                    "delta": {"type": "input_json_delta", "partial_json": json.dumps(block["input"], ensure_ascii=False)}}
             yield {"type": "content_block_stop", "index": index}
             index += 1
-    return stream(run.run, events(), frame=named_sse, errors=errors)
+    return run.stream(events(), frame=named_sse, errors=errors)
 
 
 async def count_tokens(request: Request, state: ServerState) -> Response:

@@ -22,7 +22,7 @@ from starlette.routing import Route
 from . import anthropic_api, llama_api, ollama_api, openai_api, responses_api
 from .guard import Guard, GuardRules
 from .http import ServerState, endpoint, error_response, openai_error
-from .protocol import ApiError
+from .apierrors import ApiError
 
 PROTOCOLS = (llama_api, openai_api, anthropic_api, responses_api, ollama_api)
 

@@ -17,8 +17,9 @@ from starlette.requests import Request
 from ..config import GenConfig
 from ..engine import Message
 from ..errors import LocalspecError
-from .http import Run, ServerState
-from .protocol import ApiError, Extras, check_prompt_fits
+from .http import Run, ServerState, stream
+from .apierrors import ApiError, check_prompt_fits
+from .settings import Extras
 from .tools import CallStream, ToolRequest, call_grammar, require_tools_template, split_calls
 
 # Why an answer ended, in the internal terms each protocol names its own way
@@ -103,6 +104,11 @@ class ChatRun:
                 yield ToolCall(n, c)
                 n += 1
         yield end_of(self.run.stats, calls.calls if calls else [])
+
+    def stream(self, events, **framing):
+        """The streamed response of `events` (http.stream: framed in the protocol's shape); it owns this run,
+        so a hang-up or any end cancels it."""
+        return stream(self.run, events, **framing)
 
     async def answer(self, request: Request) -> Answer:
         text, stats = await self.run.collect(request)

@@ -15,7 +15,7 @@ import ipaddress
 import json
 from dataclasses import dataclass, field
 
-from .protocol import ApiError
+from .apierrors import ApiError
 
 MAX_BODY_BYTES = 32 << 20  # a context of 128k tokens is under 1 MB of text; this bounds what one client makes us hold
 CORS_HEADERS = "Authorization, Content-Type, X-Api-Key"

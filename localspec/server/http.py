@@ -14,7 +14,9 @@ from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 
 from .guard import MAX_BODY_BYTES, require_json_body
-from .protocol import ApiError, Extras, log_unexpected, parse_json, requested_model
+from .apierrors import ApiError, log_unexpected
+from .fields import parse_json, requested_model
+from .settings import Extras
 from .worker import Job, ServerSession
 
 # no API key needed, as in llama-server (health, the model list) and Ollama (its liveness answer)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import time
 
-from .protocol import ApiError
+from .apierrors import ApiError
 
 
 def check_infill_body(body: dict) -> list[dict]:

@@ -17,7 +17,10 @@ from . import shapes
 from .chat import conversation
 from .http import Run, ServerState, read_body, read_json, require_serving, stream
 from .infill import check_infill_body
-from .protocol import ApiError, Extras, boolean, chat_messages, completion_tokens, gen_settings, pick_fields, string
+from .apierrors import ApiError
+from .fields import boolean, pick_fields, string
+from .openai_api import chat_messages, completion_tokens
+from .settings import Extras, gen_settings
 from .tools import tool_request
 
 

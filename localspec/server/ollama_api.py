@@ -20,9 +20,11 @@ from ..engine import Message
 from ..fim import FimUnsupported, fim_stop_tokens, infill_tokens, require_fim
 from . import shapes
 from .chat import LENGTH, ChatRequest, End, Text, ToolCall, open_chat
-from .http import ServerState, read_body, stream
-from .protocol import LOCALSPEC_FIELDS, ApiError, boolean, gen_settings, string
-from .tools import tool_request
+from .http import ServerState, read_body
+from .apierrors import ApiError
+from .fields import boolean, string
+from .settings import LOCALSPEC_FIELDS, gen_settings
+from .tools import call_arguments, tool_request
 
 VERSION = "0.12.6"  # the Ollama API level answered here (clients compare it against their minimum)
 OPTIONS = {"temperature": "temperature", "top_p": "top_p", "top_k": "top_k", "min_p": "min_p", "seed": "seed",
@@ -117,12 +119,8 @@ def _figures(end: End) -> dict:
 
 
 def _call(c: dict, index: int) -> dict:
-    args = c["function"]["arguments"]
-    try:
-        args = json.loads(args)
-    except ValueError:
-        pass
-    return {"id": c["id"], "function": {"index": index, "name": c["function"]["name"], "arguments": args}}
+    return {"id": c["id"], "function": {"index": index, "name": c["function"]["name"],
+                                        "arguments": call_arguments(c["function"]["arguments"])}}
 
 
 async def _reply(request: Request, state: ServerState, chat: ChatRequest, model: str, chat_api: bool) -> Response:
@@ -149,7 +147,7 @@ async def _reply(request: Request, state: ServerState, chat: ChatRequest, model:
                 yield piece("", [_call(ev.call, ev.index)])
             else:
                 yield {**piece(""), **_figures(ev)}
-    return stream(run.run, events(), media_type="application/x-ndjson", frame=ndjson, errors=errors)
+    return run.stream(events(), media_type="application/x-ndjson", frame=ndjson, errors=errors)
 
 
 async def chat(request: Request, state: ServerState) -> Response:

@@ -3,14 +3,20 @@ model list: requests in as `ChatRequest`s, events out as JSON or SSE `data:` lin
 
 from __future__ import annotations
 
+from typing import Any
+
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
+from ..chat_format import ROLE_ALIASES, ROLES, canonical_role
+from ..engine import Message
 from . import shapes
+from .apierrors import ApiError
 from .chat import LENGTH, TOOL_CALLS, ChatRequest, End, Idle, Text, ToolCall, end_of, open_chat
 from .http import KEEPALIVE, KEEPALIVE_S, Run, ServerState, read_body, stream
-from .protocol import chat_messages, completion_tokens, gen_settings
-from .tools import tool_request
+from .fields import _MISSING, boolean
+from .settings import gen_settings
+from .tools import call_arguments, tool_request
 
 FINISH = {LENGTH: "length", TOOL_CALLS: "tool_calls"}  # the rest: "stop"
 
@@ -43,7 +49,7 @@ async def chat_completions(request: Request, state: ServerState) -> Response:
                 last = shapes.oai_chat_chunk(obj_id, model, {}, finish(ev))
                 for out in stream_end(last, ev.stats, "chat.completion.chunk", extras.include_usage):
                     yield out
-    return stream(run.run, events())
+    return run.stream(events())
 
 
 def stream_end(last: dict, st, kind: str, include_usage: bool) -> list:
@@ -90,3 +96,84 @@ ROUTES = [
     ("/v1/completions", completions, ["POST"]),
     ("/v1/models", models, ["GET"]), ("/models", models, ["GET"]),
 ]
+
+
+# --- requests in: OpenAI's messages and prompts (llama-server's /completion and /apply-template read them too)
+def chat_messages(body: dict) -> list[Message]:
+    """OpenAI `messages` -> Messages; text parts of a content array are joined; an assistant's
+    tool_calls and a tool result's ids go to the template as it expects them (tools.template_messages)."""
+    msgs = body.get("messages")
+    if not isinstance(msgs, list) or not msgs:
+        raise ApiError(400, '"messages" must be a non-empty list of {"role", "content"} objects')
+    out = []
+    for i, m in enumerate(msgs):
+        if not isinstance(m, dict) or not isinstance(m.get("role"), str):
+            raise ApiError(400, f'messages[{i}] must be an object with a string "role"')
+        role = canonical_role(m["role"])
+        if role is None:
+            known = ", ".join([*ROLES, *ROLE_ALIASES])
+            raise ApiError(400, f'messages[{i}].role "{m["role"]}" is not a role this server knows ({known})')
+        extra = {k: m[k] for k in ("tool_calls", "tool_call_id", "name") if m.get(k) is not None}
+        if "tool_calls" in extra:
+            extra["tool_calls"] = _template_calls(extra["tool_calls"], i)
+        out.append(Message(role, _content_text(m.get("content"), i), extra or None))
+    return out
+
+
+def _template_calls(calls, i: int) -> list[dict]:
+    """OpenAI's assistant tool_calls carry arguments as a JSON string; chat templates (like HF's and
+    llama.cpp's renderers) expect the object."""
+    if not isinstance(calls, list) or not all(isinstance(c, dict) for c in calls):
+        raise ApiError(400, f"messages[{i}].tool_calls must be a list of tool call objects")
+    out = []
+    for c in calls:
+        fn = dict(c.get("function") or {}) if isinstance(c.get("function"), dict) else {}
+        if isinstance(fn.get("arguments"), str):  # not JSON: the template shows the text as it came
+            fn["arguments"] = call_arguments(fn["arguments"])
+        out.append({**c, "function": fn})
+    return out
+
+
+def _content_text(content: Any, i: int) -> str:
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        parts = []
+        for part in content:
+            if isinstance(part, dict) and part.get("type") == "text" and isinstance(part.get("text"), str):
+                parts.append(part["text"])
+            else:
+                raise ApiError(400, f"messages[{i}].content: only text parts are supported by this server")
+        return "".join(parts)
+    raise ApiError(400, f'messages[{i}].content must be a string or a list of text parts')
+
+
+def completion_prompt(body: dict) -> str | list[int]:
+    """`prompt` as text, or as token ids (llama-server accepts both); one prompt per request."""
+    p = body.get("prompt", _MISSING)
+    if p is _MISSING or p is None:
+        raise ApiError(400, '"prompt" is required')
+    if isinstance(p, list) and len(p) == 1 and isinstance(p[0], (str, list)):
+        p = p[0]  # a batch of one
+    if isinstance(p, str):
+        return p
+    if isinstance(p, list) and all(isinstance(t, int) and not isinstance(t, bool) for t in p):
+        return list(p)
+    raise ApiError(400, '"prompt" must be a string or a list of token ids (one prompt per request)')
+
+
+def completion_tokens(body: dict):
+    """engine -> the prompt's tokens for `prompt` (text, tokenized with the BOS, or token ids)."""
+    prompt = completion_prompt(body)
+    parse_special = boolean(body, "parse_special", True)  # localspec's: False reads "<|x|>" as plain text
+
+    def tokens(engine) -> list[int]:
+        m = engine.target_model
+        if isinstance(prompt, str):
+            return m.tokenize(prompt, add_special=True, parse_special=parse_special)
+        if any(t < 0 or t >= m.n_vocab for t in prompt):
+            raise ApiError(400, f'"prompt" has a token id outside the vocabulary (0..{m.n_vocab - 1})')
+        return prompt
+    return tokens

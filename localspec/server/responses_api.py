@@ -11,7 +11,6 @@ as llama-server does, with a line in the server's log.
 
 from __future__ import annotations
 
-import json
 import time
 import uuid
 from collections import OrderedDict
@@ -22,9 +21,11 @@ from starlette.responses import JSONResponse, Response
 from ..engine import Message
 from . import shapes
 from .chat import LENGTH, Answer, ChatRequest, End, Idle, Text, ToolCall, joined_text, open_chat, prompt_size
-from .http import KEEPALIVE, KEEPALIVE_S, ServerState, named_sse, read_body, stream
-from .protocol import LOCALSPEC_FIELDS, ApiError, boolean, gen_settings, integer, log_note, string
-from .tools import tool_request
+from .http import KEEPALIVE, KEEPALIVE_S, ServerState, named_sse, read_body
+from .apierrors import ApiError, log_note
+from .fields import boolean, integer, string
+from .settings import LOCALSPEC_FIELDS, gen_settings
+from .tools import call_arguments, tool_request
 
 REMEMBERED = 256  # responses kept for previous_response_id, oldest forgotten first
 SETTINGS = ("temperature", "top_p", "top_k", "stream", "seed", "parallel_tool_calls", *LOCALSPEC_FIELDS)
@@ -78,7 +79,7 @@ def _items(items, turns: list[Message]) -> None:
             if not isinstance(it.get("name"), str):
                 raise ApiError(400, f'{where}: a function_call needs its "name"')
             call = {"id": it.get("call_id") or it.get("id") or "", "type": "function",
-                    "function": {"name": it["name"], "arguments": _arguments(it.get("arguments"))}}
+                    "function": {"name": it["name"], "arguments": call_arguments(it.get("arguments"))}}
             last = turns[-1] if turns else None
             if last is not None and last.role == "assistant" and last.extra and "tool_calls" in last.extra:
                 last.extra["tool_calls"].append(call)  # parallel calls: one assistant turn
@@ -99,15 +100,6 @@ def _items(items, turns: list[Message]) -> None:
 
 def _call_ids(turns: list[Message]) -> set:
     return {c["id"] for t in turns if t.extra for c in t.extra.get("tool_calls", ())}
-
-
-def _arguments(args):
-    if isinstance(args, str):
-        try:
-            return json.loads(args)
-        except ValueError:
-            return args
-    return args or {}
 
 
 def _tools(body: dict):
@@ -210,7 +202,7 @@ class ResponseObject:
 
 
 def _remember(request: Request, chat: ChatRequest, resp: ResponseObject, a: Answer) -> None:
-    calls = [{**c, "function": {**c["function"], "arguments": _arguments(c["function"]["arguments"])}} for c in a.calls]
+    calls = [{**c, "function": {**c["function"], "arguments": call_arguments(c["function"]["arguments"])}} for c in a.calls]
     answer = Message("assistant", a.content, {"tool_calls": calls} if calls else None)
     _memory(request).put(resp.id, [*chat.messages, answer])
 
@@ -227,7 +219,7 @@ async def responses(request: Request, state: ServerState) -> Response:
         if boolean(body, "store", True):
             _remember(request, chat, resp, a)
         return JSONResponse(resp.obj("completed", output, a.end))
-    return stream(run.run, _events(request, body, chat, run, resp), frame=named_sse)
+    return run.stream(_events(request, body, chat, run, resp), frame=named_sse)
 
 
 async def _events(request: Request, body: dict, chat: ChatRequest, run, resp: ResponseObject):

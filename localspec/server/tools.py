@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 from ..constraints import schema_grammar
 from ..errors import ConfigError
-from .protocol import ApiError
+from .apierrors import ApiError
 
 OPEN, CLOSE = "<tool_call>", "</tool_call>"
 
@@ -88,6 +88,17 @@ def call_grammar(req: ToolRequest) -> str | None:
     one = r'"<tool_call>\n" tool-call-json "\n</tool_call>"'
     root = f"root ::= {one} (\"\\n\" {one})*" if req.parallel else f"root ::= {one}"
     return f"{root}\n{body}"
+
+
+def call_arguments(args):
+    """A call's arguments as the object they encode, for the protocols and templates that want the object
+    (OpenAI's carry them as a JSON string): text that is not JSON stays text, missing arguments are {}."""
+    if isinstance(args, str):
+        try:
+            return json.loads(args)
+        except ValueError:
+            return args
+    return args if args is not None else {}
 
 
 def new_call(name: str, arguments) -> dict:

@@ -39,7 +39,8 @@ from .infill import LineLimits
 from .jobqueue import JobQueue
 from .lanes import LanePool
 from .metrics import Metrics
-from .protocol import ApiError, Extras, check_prompt_fits, log_note, log_unexpected, resolve_logit_bias
+from .apierrors import ApiError, check_prompt_fits, log_note, log_unexpected
+from .settings import Extras, resolve_logit_bias
 
 Emit = Callable[[tuple], None]
 MAX_WAITING = 64  # queued requests beyond this are refused (503) instead of held in memory without bound
