@@ -154,8 +154,7 @@ def deep_ms(model: Model, n_threads: int, n_threads_batch: int, stop=None) -> di
 
 def _path(model: Model, n_threads: int):
     from .backend import system_info
-    from .tuning import file_id
 
-    key = json.dumps({"model": file_id(model.path), "threads": n_threads, "rule": RULE,
+    key = json.dumps({"model": paths.file_id(model.path), "threads": n_threads, "rule": RULE,
                       "llama_cpp_python": system_info()["llama_cpp_python"]}, sort_keys=True)
     return paths.profiles_dir() / f"attention-{hashlib.sha256(key.encode()).hexdigest()[:16]}.json"

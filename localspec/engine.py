@@ -19,6 +19,7 @@ import numpy as np
 from .attention import cpu_kernel
 from .backend import Context, GrammarSampler, Model, exact, fill_to_answer, system_info
 from .batching import Batcher, SeqView
+from .promptcache import prompt_cache_for
 from .promptfills import PromptFills
 from .chat_format import render_prompt
 from .compat import require_compatible
@@ -164,9 +165,8 @@ class Engine:
             self.fills = None
             self.lanes = [Lane(self.target, self.load_draft, NgramDrafter(memory=self.ngram_memory))]
         self.lane = self.lanes[0]
-        # a server's n-gram drafter looks in earlier answers too; not one-shot runs' or the bench's A/B runs
-        self.remember_generations = False
-        self.prompt_cache = None  # promptcache.PromptCache: several saved prompts (the server's, for editors)
+        self.remember_generations = load.remember_generations  # n-gram drafts may copy earlier answers
+        self.prompt_cache = prompt_cache_for(self.lanes, load, target_path, self.flash_attn)  # a server's
 
     @property
     def last_stats(self) -> Stats | None:

@@ -52,11 +52,9 @@ class FimBudget:
 
 @dataclass
 class EditorSettings:
-    """`serve`'s choices for editors: the FIM layout, its budgets, the prompt cache's memory."""
+    """`serve`'s choices for editors: the FIM layout and its budgets (the prompt caches are LoadConfig's)."""
     layout: str = "editor"  # "editor" (these windows) | "llama-server" (fim.infill_tokens)
     budget: FimBudget = field(default_factory=FimBudget)
-    cache_mib: int = 2048  # saved prompts (promptcache); 0 = one cached prompt, as before
-    cache_disk_mib: int = 8192  # saved prompts on disk under the data root (promptdisk); 0 = none
 
 
 @dataclass

@@ -89,3 +89,9 @@ def all_paths() -> dict[str, str]:
         "copies": str(copies_dir()),
         "user_config": str(user_config_file()),
     }
+
+
+def file_id(path) -> str:
+    """A model file's identity in stored keys (pass-cost profiles, the attention kernel's choice)."""
+    st = path.stat()
+    return f"{path.name}:{st.st_size}"

@@ -20,7 +20,8 @@ import threading
 from dataclasses import dataclass, field
 
 from .backend import Context, common_prefix
-from .promptdisk import SAVE_MIN, DiskPrompts
+from . import paths
+from .promptdisk import SAVE_MIN, DiskPrompts, pair_key
 
 KEEP_MIN = 64  # a divergence that would lose fewer cached tokens than this is not worth a snapshot
 GAIN_MIN = 16  # share another lane's cells, or read a saved prompt from disk, only for at least this many tokens
@@ -143,3 +144,16 @@ class PromptCache:
 
     def size(self) -> int:
         return sum(len(e.state) for e in self.entries)
+
+
+def prompt_cache_for(lanes, load, target_path, flash_attn: str) -> "PromptCache | None":
+    """The saved prompts a load asks for (LoadConfig.cache_ram_mib, and cache_disk_mib on disk under the data
+    root, keyed by the pair and its kernels); None without: each lane keeps its last prompt only."""
+    if load.cache_ram_mib <= 0:
+        return None
+    shared = [x.target for x in lanes] if len(lanes) > 1 else []
+    cache = PromptCache(lanes[0].target, load.cache_ram_mib << 20, lanes=shared)
+    if load.cache_disk_mib > 0:
+        cache.disk = DiskPrompts(paths.prompt_cache_dir(), pair_key(target_path, flash_attn, load.exact),
+                                 load.cache_disk_mib << 20)
+    return cache

@@ -42,6 +42,9 @@ class ModelChoice:
     parallel: int = 0  # generations at once (a server's --parallel); 0: one
     flash_attn: str | None = None  # "on" | "off" | "auto" (-fa); None: LoadConfig's default
     exact: bool = False  # --exact: batch-invariant kernels (LoadConfig.exact)
+    cache_ram_mib: int = 0  # a server's saved prompts, in memory and on disk (LoadConfig's)
+    cache_disk_mib: int = 0
+    remember_generations: bool = False  # a server's: n-gram drafts may copy earlier answers
 
 
 @dataclass
@@ -104,6 +107,8 @@ def load_config(choice: ModelChoice, sel: Selection) -> LoadConfig:
     if choice.flash_attn is not None:
         load.flash_attn = choice.flash_attn
     load.exact = choice.exact
+    load.cache_ram_mib, load.cache_disk_mib = choice.cache_ram_mib, choice.cache_disk_mib
+    load.remember_generations = choice.remember_generations
     if choice.n_gpu_layers is not None:
         load.n_gpu_layers_target = load.n_gpu_layers_draft = choice.n_gpu_layers
     if choice.n_gpu_layers_draft is not None:

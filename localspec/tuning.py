@@ -15,12 +15,6 @@ from . import paths
 from .costmodel import QUICK_SIZES, CostProfile, measure_costs, steady_verify
 
 
-def file_id(path) -> str:
-    """A model file's identity in stored keys (pass-cost profiles, the attention kernel's choice)."""
-    st = path.stat()
-    return f"{path.name}:{st.st_size}"
-
-
 def profile_key(engine) -> str:
     from .backend import system_info
 
@@ -28,8 +22,8 @@ def profile_key(engine) -> str:
     info = system_info()
     device = "gpu" if info["gpu_offload"] and load.n_gpu_layers_target != 0 else "cpu"
     parts = {
-        "target": file_id(engine.target_model.path),
-        "draft": file_id(engine.draft_path) if engine.draft_path else None,
+        "target": paths.file_id(engine.target_model.path),
+        "draft": paths.file_id(engine.draft_path) if engine.draft_path else None,
         "device": device,
         "threads": load.n_threads,
         "threads_batch": load.n_threads_batch,
@@ -95,6 +89,21 @@ def tune_while_quiet(engine, busy) -> CostProfile | None:
     keep_profile(prof)
     engine.profile = prof
     return prof
+
+
+def measure_when_idle(engine, busy, stop) -> bool:
+    """What this machine has not measured yet, now that nobody waits for it: auto's pass costs first (kept
+    only if `busy()` says the cores stayed free), then the attention kernel (attention.py; given up when
+    `stop()` says). True when one was due (measured, or given up to be tried at the next idle moment)."""
+    from . import attention
+
+    if engine.profile is None:
+        tune_while_quiet(engine, busy)
+        return True
+    if attention.engine_pending(engine):
+        attention.measure_for(engine, stop, busy)
+        return True
+    return False
 
 
 def keep_profile(prof: CostProfile) -> None:

@@ -75,6 +75,9 @@ def cmd_serve(args) -> int:
         raise ConfigError(f"--parallel {args.parallel} is more than {MAX_PARALLEL}; each request beyond the "
                           "cores' worth only waits longer for its turn in the batch")
     choice.parallel = args.parallel
+    # saved prompts: warm-ups and other files no longer evict the editor's; an agent's outlives the process
+    choice.cache_ram_mib, choice.cache_disk_mib = args.cache_ram, args.cache_disk if args.cache_ram else 0
+    choice.remember_generations = True  # n-gram drafts may copy earlier answers
     return serve(choice, gen_choice(args), args.host, args.port, args.api_key, stderr_note,
                  on_listen, args.log_requests, args.cors, editor_settings(args))
 
@@ -107,5 +110,4 @@ def editor_settings(args):
     from ..fim_windows import EditorSettings, FimBudget
 
     budget = FimBudget(prefix=args.fim_prefix, suffix=args.fim_suffix, extra=args.fim_extra)
-    return EditorSettings(layout=args.fim_layout, budget=budget, cache_mib=args.cache_ram,
-                          cache_disk_mib=args.cache_disk)
+    return EditorSettings(layout=args.fim_layout, budget=budget)

@@ -28,18 +28,15 @@ from .. import attention
 from ..costmodel import CURVE_SIZES, depth_bucket, measure_at_depth
 from ..errors import LocalspecError
 from ..fim_windows import EditorSettings, EditorWindows
-from .. import paths
-from ..promptcache import PromptCache
-from ..promptdisk import DiskPrompts, pair_key
 from ..session import Session
-from ..tuning import keep_profile, tune_while_quiet
+from ..tuning import keep_profile, measure_when_idle
 from ..stats import Stats
 from ..threads import OTHERS_BUSY, CpuWatch
 from .infill import LineLimits
 from .jobqueue import JobQueue
 from .lanes import LanePool
 from .metrics import Metrics
-from .apierrors import ApiError, check_prompt_fits, log_note, log_unexpected
+from .apierrors import ApiError, check_prompt_fits, log_unexpected
 from .settings import Extras, resolve_logit_bias
 
 Emit = Callable[[tuple], None]
@@ -68,23 +65,14 @@ class ServerSession:
         self.log_requests = log_requests  # a timing line per answer on stderr, as llama-server prints
         self.engine = session.engine
         editor = editor or EditorSettings()
-        lanes = self.engine.lanes
-        if editor.cache_mib > 0:  # warm-ups and other files no longer evict the editor's prompt
-            shared = [x.target for x in lanes] if len(lanes) > 1 else []
-            self.engine.prompt_cache = PromptCache(lanes[0].target, editor.cache_mib << 20, lanes=shared)
-            if editor.cache_disk_mib > 0:  # an agent's long prompt outlives the process
-                key = pair_key(session.selection.target, self.engine.flash_attn, self.engine.load.exact)
-                self.engine.prompt_cache.disk = DiskPrompts(paths.prompt_cache_dir(), key, editor.cache_disk_mib << 20,
-                                                            warn=log_note)
         self.fim = EditorWindows(self.engine.target_model, editor.budget) if editor.layout == "editor" else None
-        self.engine.remember_generations = True  # n-gram drafts may copy earlier answers
         self.metrics = Metrics()
         self.jobs = JobQueue(self._superseded)
         self.idle_prompt: list[int] | None = None  # a warm-up cut short by a request: finished when idle
         self.lanes = LanePool(self.engine)
         self.measure_pending = self.engine.profile is None or attention.engine_pending(self.engine)
         self.threads = [threading.Thread(target=self._run, args=(i == 0,), name=f"localspec-generate-{i}",
-                                         daemon=True) for i in range(len(lanes))]
+                                         daemon=True) for i in range(len(self.engine.lanes))]
         for t in self.threads:
             t.start()
 
@@ -206,15 +194,7 @@ class ServerSession:
         """This machine's first pass costs, then its attention kernel, measured while idle, never before an
         answer, and kept only if no other program used the cores meanwhile (the kernel measurement gives way
         to any request). True when one was due (measured, or given up to be tried again)."""
-        engine = self.engine
-        if engine.profile is None:
-            tune_while_quiet(engine, self._others_busy)  # ~2 s on a quiet machine
-            return True
-        if attention.engine_pending(engine):
-            attention.measure_for(engine, stop=lambda: not self._quiet() or self._others_busy(),
-                                  busy=self._others_busy)
-            return True
-        return False
+        return measure_when_idle(self.engine, self._others_busy, stop=lambda: not self._quiet() or self._others_busy())
 
     def _foreground(self) -> bool:
         """A request waits or runs: background work (a warm-up) gives way to it, on any lane, since their
