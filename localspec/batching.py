@@ -1,6 +1,6 @@
 """Continuous batching: several generations in one target context, one llama_decode per step.
 
-Each generation runs the same one-screen loop (`engine.speculative_decode`) in its own thread, on
+Each generation runs the same one-screen loop (`loop.speculative_decode`) in its own thread, on
 its own sequence of a shared context (`SeqView`: a Context's face for one seq_id). Its passes are
 not run by that thread: `SeqView.eval` hands them to the `Batcher`, whose thread waits until every
 active sequence has handed in its next pass (or GATHER_S went by), runs them all as ONE llama_decode

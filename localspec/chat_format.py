@@ -8,8 +8,17 @@ from __future__ import annotations
 
 import datetime as _dt
 import functools
+from dataclasses import dataclass
 
 from .errors import ConfigError
+
+
+@dataclass
+class Message:
+    """One message of a conversation, as the chat template reads it."""
+    role: str
+    content: str
+    extra: dict | None = None  # what else the template reads: an assistant's tool_calls, a tool's tool_call_id
 
 
 # The roles a conversation may hold, and the names clients use for them: newer OpenAI SDKs and agents

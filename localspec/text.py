@@ -9,6 +9,15 @@ arrived in the middle of an accepted draft.
 from __future__ import annotations
 
 import codecs
+from dataclasses import dataclass
+
+
+@dataclass
+class Chunk:
+    """A piece of confirmed output, as a generation yields it."""
+    text: str  # text now safe to show (may be "" while a UTF-8 char or a stop string is pending)
+    token: int | None = None
+    source: str | None = None  # "model" | "ngram" (an accepted draft token) | "target"
 
 
 class TextStream:

@@ -14,7 +14,8 @@ from localspec.promptfills import PromptFills
 from localspec.swap import SwapSpace
 from localspec.config import GenConfig, LoadConfig
 from localspec.costmodel import CostProfile, best_k, best_k_shared
-from localspec.engine import Engine, Message
+from localspec.chat_format import Message
+from localspec.engine import Engine
 from localspec.errors import PassInterrupted
 from localspec.promptcache import PromptCache
 from localspec.verify import first_parting, logit_noise, plain_greedy_with_margins

@@ -104,7 +104,8 @@ def test_json_schema_grammar_validates():
 @pytest.mark.realpair
 def test_real_pair_json_schema_and_logit_bias_are_exact_under_speculation(tmp_path, monkeypatch):
     from localspec.config import LoadConfig
-    from localspec.engine import Engine, Message
+    from localspec.chat_format import Message
+from localspec.engine import Engine
 
     paths = real_pair_paths()
     if paths is None:

@@ -8,7 +8,8 @@ from conftest import GPU_LAYERS, THREADS
 
 from localspec.backend import Context
 from localspec.config import GenConfig, LoadConfig
-from localspec.engine import Engine, Message
+from localspec.chat_format import Message
+from localspec.engine import Engine
 from localspec.errors import IncompatiblePairError
 from localspec.sampling import logits_to_probs
 from localspec.verify import logit_noise, verify_exactness

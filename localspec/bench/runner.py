@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from .. import costmodel as predict
 from ..config import GenConfig
 from ..costmodel import CostProfile
-from ..engine import Message
+from ..chat_format import Message
 from ..errors import ConfigError
 from ..fim import fim_stop_tokens, infill_tokens
 from ..stats import Stats

@@ -21,7 +21,7 @@ from textual.containers import Horizontal, VerticalScroll
 from textual.content import Content
 from textual.widgets import Footer, LoadingIndicator, Static
 
-from ..engine import Message
+from ..chat_format import Message
 from ..errors import LocalspecError
 from ..session import gen_config
 from .context import reply_reserve, turns_to_drop

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ..engine import Message
+from ..chat_format import Message
 from .history import message_note
 from .provenance import decode_runs
 from .widgets import AssistantMessage, UserMessage

@@ -17,7 +17,8 @@ from dataclasses import dataclass
 from typing import Callable, Iterator
 
 from ..costmodel import CostProfile
-from ..engine import Chunk, Message
+from ..chat_format import Message
+from ..text import Chunk
 from ..errors import LocalspecError
 from ..session import GenChoice, ModelChoice, Selection, gen_config
 from . import connect as client

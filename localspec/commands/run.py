@@ -84,7 +84,7 @@ def cmd_run(args) -> int:
         code = run_on_server(args, prompt_text, messages)
         if code is not None:
             return code
-    from ..engine import Message
+    from ..chat_format import Message
 
     session = Session.open(model_choice(args), gen_choice(args), None if args.json else stderr_note)
     for note in session.notes:

@@ -15,7 +15,7 @@ import uuid
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from ..engine import Message
+from ..chat_format import Message
 from . import shapes
 from .chat import END, LENGTH, STOP_SEQUENCE, TOOL_CALLS, ChatRequest, End, Idle, Text, joined_text, open_chat, prompt_size
 from .http import KEEPALIVE_S, ServerState, named_sse, read_body

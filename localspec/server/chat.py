@@ -15,7 +15,7 @@ from typing import Callable
 from starlette.requests import Request
 
 from ..config import GenConfig
-from ..engine import Message
+from ..chat_format import Message
 from ..errors import LocalspecError
 from .http import Run, ServerState, stream
 from .apierrors import ApiError, check_prompt_fits

@@ -16,7 +16,7 @@ import json
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from ..engine import Message
+from ..chat_format import Message
 from ..fim import FimUnsupported, fim_stop_tokens, infill_tokens, require_fim
 from . import shapes
 from .chat import LENGTH, ChatRequest, End, Text, ToolCall, open_chat

@@ -9,7 +9,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from ..chat_format import ROLE_ALIASES, ROLES, canonical_role
-from ..engine import Message
+from ..chat_format import Message
 from . import shapes
 from .apierrors import ApiError
 from .chat import LENGTH, TOOL_CALLS, ChatRequest, End, Idle, Text, ToolCall, end_of, open_chat

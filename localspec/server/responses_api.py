@@ -18,7 +18,7 @@ from collections import OrderedDict
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from ..engine import Message
+from ..chat_format import Message
 from . import shapes
 from .chat import LENGTH, Answer, ChatRequest, End, Idle, Text, ToolCall, joined_text, open_chat, prompt_size
 from .http import KEEPALIVE, KEEPALIVE_S, ServerState, named_sse, read_body
