@@ -73,3 +73,22 @@ def render_prompt(template: str | None, messages, model, name: str = "model", to
             tools=tools or None, add_generation_prompt=True, bos_token=bos, eos_token=eos)
     except TemplateError as e:
         raise ConfigError(f"the chat template of {name} failed to render ({e}); use --raw")
+
+
+def chat_text(model, template: str | None, messages: list[Message] | str, tools: list | None = None) -> str:
+    """The conversation as `template` writes it for `model` (llama-server's /apply-template)."""
+    if isinstance(messages, str):
+        messages = [Message("user", messages)]
+    return render_prompt(template, messages, model, name=model.path.name, tools=tools)
+
+
+def prompt_tokens(model, template: str | None, messages: list[Message] | str, raw: bool = False,
+                  tools: list | None = None) -> list[int]:
+    """The tokens `model` evaluates for a conversation (or, `raw`, its text as it is); the BOS once."""
+    if raw:
+        text = messages if isinstance(messages, str) else "".join(x.content for x in messages)
+        return model.tokenize(text, add_special=True, parse_special=False)
+    text = chat_text(model, template, messages, tools)
+    bos_text = model.token_text(model.bos) if model.add_bos else ""
+    add_bos = model.add_bos and not (bos_text and text.startswith(bos_text))
+    return model.tokenize(text, add_special=add_bos, parse_special=True)

@@ -9,7 +9,6 @@ from __future__ import annotations
 import threading
 import time
 from contextlib import contextmanager, nullcontext
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterator, TypeVar
 
@@ -18,14 +17,16 @@ import numpy as np
 from .attention import cpu_kernel
 from .backend import Context, GrammarSampler, Model, exact, fill_to_answer, system_info
 from .batching import Batcher, SeqView
-from .chat_format import Message, render_prompt
+from .chat_format import Message, chat_text, prompt_tokens
 from .compat import require_compatible
 from .config import GenConfig, LoadConfig
 from .constraints import GrammarConstraint, starts_with_grammar
 from .costmodel import reference_profile
-from .drafters import DraftFloor, DraftModel, HybridDrafter, NgramDrafter, NgramMemory
+from .drafters import DraftModel, assemble_drafter
 from .errors import ConfigError, ContextFullError
+from .lane import Lane
 from .loop import speculative_decode
+from .ngram import NgramDrafter, NgramMemory
 from .policy import FixedK, make_policy
 from .promptcache import prompt_cache_for
 from .promptfills import PromptFills
@@ -36,28 +37,6 @@ from .threads import ThreadGovernor
 T = TypeVar("T")
 BACKGROUND_STEP = 64  # tokens per pass of a prompt evaluation that may be interrupted: a short wait, barely slower
 CANCEL_STEP = 256  # a request's own prompt: a hang-up or a newer request from its editor ends it within a pass
-
-
-@dataclass
-class Lane:
-    """Where one generation runs: the target's cache (the Context, or one sequence of a shared one),
-    the draft model's (made on first use), an n-gram drafter over this lane's text, the last run's stats.
-    One lane per generation at a time: a server has one per --parallel request."""
-    target: object
-    draft_source: Callable[[], object]
-    ngram: NgramDrafter
-    seq: int = 0
-    last_stats: Stats | None = None
-    last_used: float = 0.0
-    _draft: object = None
-
-    def draft(self):
-        if self._draft is None:
-            self._draft = self.draft_source()
-        return self._draft
-
-    def draft_decode_s(self) -> float:
-        return self._draft.decode_s if self._draft is not None else 0.0
 
 
 class Engine:
@@ -202,21 +181,11 @@ class Engine:
         return self.load.chat_template or self.target_model.chat_template()
 
     def prompt_tokens(self, messages: list[Message] | str, raw: bool = False, tools: list | None = None) -> list[int]:
-        m = self.target_model
-        if raw:
-            text = messages if isinstance(messages, str) else "".join(x.content for x in messages)
-            return m.tokenize(text, add_special=True, parse_special=False)
-        text = self.chat_text(messages, tools)
-        bos_text = m.token_text(m.bos) if m.add_bos else ""
-        add_bos = m.add_bos and not (bos_text and text.startswith(bos_text))
-        return m.tokenize(text, add_special=add_bos, parse_special=True)
+        return prompt_tokens(self.target_model, self.chat_template(), messages, raw, tools)
 
     def chat_text(self, messages: list[Message] | str, tools: list | None = None) -> str:
         """The conversation as the model's chat template writes it (llama-server's /apply-template)."""
-        if isinstance(messages, str):
-            messages = [Message("user", messages)]
-        m = self.target_model
-        return render_prompt(self.chat_template(), messages, m, name=m.path.name, tools=tools)
+        return chat_text(self.target_model, self.chat_template(), messages, tools)
 
     def check_prompt(self, prompt: list[int]) -> None:
         if not prompt:
@@ -229,21 +198,8 @@ class Engine:
     def make_drafter(self, cfg: GenConfig, rng, lane: Lane | None = None):
         lane = lane or self.lane
         model = DraftModel(lane.draft, cfg, rng) if self.draft_path else None
-        ngram = lane.ngram
-        ngram.n_min, ngram.n_max = cfg.ngram_min, cfg.ngram_max
-        ngram.recall = not self.decides_from_request_alone(cfg)  # other requests' text only where it cannot change the answer
-        ngram.k_max = cfg.ngram_draft_max if cfg.spec == "auto" else cfg.draft_max
-        if cfg.drafter == "model":
-            if model is None:
-                raise ConfigError("--drafter model needs a draft model; pass --draft PATH or use --drafter ngram")
-            drafter = model
-        elif cfg.drafter == "ngram":
-            drafter = ngram
-        elif cfg.drafter == "hybrid":
-            drafter = HybridDrafter(ngram, model)
-        else:
-            raise ConfigError(f"unknown drafter {cfg.drafter!r}; use model, ngram or hybrid")
-        return DraftFloor(drafter, cfg.draft_min) if cfg.draft_min > 1 else drafter
+        # other requests' text only where it cannot change the answer
+        return assemble_drafter(cfg, model, lane.ngram, recall=not self.decides_from_request_alone(cfg))
 
     def generate(self, prompt: list[int], cfg: GenConfig, cancel: Callable[[], bool] | None = None,
                  lane: Lane | None = None, priority: bool = False) -> Iterator[Chunk]:

@@ -14,7 +14,7 @@ import numpy as np
 
 from .backend import Context
 from .config import GenConfig
-from .drafters import Draft
+from .draft import Draft
 from .errors import ContextFullError
 from .sampling import accept_greedy, accept_sampled, apply_logit_bias
 from .stats import Stats

@@ -1,7 +1,7 @@
 """Measured pass costs per (pair, device, threads), stored in the data dir for --spec auto.
 
 The first `run`/`chat` on a new combination measures T_decode, T_verify(n) and T_draft in a few
-seconds (`costmodel.measure_costs`) and saves them; `localspec tune` measures again.
+seconds (`passtimes.measure_costs`) and saves them; `localspec tune` measures again.
 """
 
 from __future__ import annotations
@@ -12,7 +12,8 @@ import time
 from pathlib import Path
 
 from . import paths
-from .costmodel import QUICK_SIZES, CostProfile, measure_costs, steady_verify
+from .costmodel import QUICK_SIZES, CostProfile
+from .passtimes import measure_costs, steady_verify
 
 
 def profile_key(engine) -> str:

@@ -105,7 +105,7 @@ def test_json_schema_grammar_validates():
 def test_real_pair_json_schema_and_logit_bias_are_exact_under_speculation(tmp_path, monkeypatch):
     from localspec.config import LoadConfig
     from localspec.chat_format import Message
-from localspec.engine import Engine
+    from localspec.engine import Engine
 
     paths = real_pair_paths()
     if paths is None:

@@ -10,7 +10,7 @@ from conftest import THREADS
 from tinygguf import FIM_TOKENS
 
 from localspec.config import GenConfig, LoadConfig
-from localspec.drafters import NgramDrafter
+from localspec.ngram import NgramDrafter
 from localspec.engine import Engine
 from localspec import fim as fimmod
 from localspec.server import infill

@@ -4,8 +4,9 @@ Threads: the models load in one thread worker and each reply is generated in ano
 (workers.py: plain functions); they talk to the UI only by posting messages (messages.py), and
 the reply is written to the history database by its worker, so a reply in flight is saved even
 while the UI is shutting down. The UI thread renders: Markdown streamed as confirmed text arrives
-and updated once in full at the end, the provenance view, the live status bar. Slash commands
-live in one table (slash.py), the styles in app.tcss.
+and updated once in full at the end, the provenance view, the live status bar. The loading's and the
+replies' handlers are mixed in (loading.py, replies.py); slash commands live in one table (slash.py), the
+styles in app.tcss.
 """
 
 from __future__ import annotations
@@ -18,7 +19,6 @@ from textual import work
 from textual.app import App, ComposeResult
 from textual.binding import Binding
 from textual.containers import Horizontal, VerticalScroll
-from textual.content import Content
 from textual.widgets import Footer, LoadingIndicator, Static
 
 from ..chat_format import Message
@@ -26,29 +26,22 @@ from ..errors import LocalspecError
 from ..session import gen_config
 from .context import reply_reserve, turns_to_drop
 from .history import HistoryError, HistoryStore
-from .messages import (
-    Loaded,
-    LoadFailed,
-    LoadStep,
-    ReplyDelta,
-    ReplyDone,
-    ReplyNote,
-    Turn,
-)
+from .loading import LoadingEvents
+from .messages import Turn
 from .options import ChatOptions
-from .provenance import encode_runs
+from .replies import ReplyEvents
 from .resume import resume_conversation
 from .slash import BY_NAME, help_text
-from .state import STATE_AFTER_STOP, State
-from .status import Live, format_status, reply_note
+from .state import State
+from .status import Live, format_status
 from .widgets import AssistantMessage, Notice, PromptInput, StatusBar, UserMessage
-from .workers import generate_reply, load_session
+from .workers import generate_reply
 
 
 MAX_VIEWS = 200  # messages and notices kept on screen (older ones stay in the history)
 
 
-class ChatApp(App):
+class ChatApp(LoadingEvents, ReplyEvents, App):
     TITLE = "localspec chat"
     ENABLE_COMMAND_PALETTE = False
     CSS_PATH = "app.tcss"
@@ -156,78 +149,6 @@ class ChatApp(App):
     @property
     def sel(self):
         return self.session.selection if self.session is not None else None
-
-    @work(thread=True, group="load", exit_on_error=False)
-    def _load(self) -> None:
-        result = load_session(self.options.models, self.options.gen, self._post, self.options.local)
-        with self._engine_lock:
-            if self._closing and isinstance(result, Loaded):
-                result.session.close()
-                return
-        self._post(result)
-
-    def _post(self, message) -> None:
-        try:
-            self.post_message(message)
-        except RuntimeError:  # the event loop is gone (the app has exited)
-            pass
-
-    def on_load_step(self, msg: LoadStep) -> None:
-        self._load_text = msg.text
-        self._tick_loading()
-
-    def _tick_loading(self) -> None:
-        if not self.loading:
-            self._load_ticker.stop()  # no timer waking the UI while replies stream
-            return
-        try:
-            label = self.query_one("#load-label", Static)
-        except Exception:
-            return
-        label.update(Content(f"{self._load_text}… {time.monotonic() - self._load_started:.1f} s"))
-
-    async def on_loaded(self, msg: Loaded) -> None:
-        with self._engine_lock:
-            self.session = msg.session
-        self.cfg = msg.session.gen
-        for k, v in self.overrides.items():
-            setattr(self.cfg, k, v)
-        self.state = State.READY
-        await self._remove_loading()
-        e = self.engine
-        sel = msg.session.selection
-        bits = [f"target {Path(sel.target).name}",
-                f"draft {Path(sel.draft).name}" if sel.draft else "no draft model (n-gram drafts only)",
-                f"context {e.target.n_ctx}"]
-        if e.profile is not None:
-            rel = e.profile.relative_verify()
-            bits.append(f"measured: decode {1000 * e.profile.t_decode:.1f} ms, verify(5) {rel[min(4, len(rel) - 1)]:.2f}×")
-        notes = "".join(f"\n{n}" for n in msg.session.notes)  # e.g. answered through a running server
-        await self.say(f"ready in {msg.seconds:.1f} s · " + " · ".join(bits) + notes, "ok")
-        self.loading = False
-        self.refresh_status()
-        await self.send_queued()
-
-    async def on_load_failed(self, msg: LoadFailed) -> None:
-        await self.fail_load(msg.error)
-
-    async def fail_load(self, error: str) -> None:
-        self.load_error = error
-        if self.queued:  # nothing typed is lost: the first queued message goes back into the box
-            box = self.prompt_box
-            if not box.text.strip():
-                box.load_text(self.queued[0][0])
-            self.queued.clear()
-        self.state = State.NO_MODEL
-        await self._remove_loading()
-        await self.say(f"could not start: {error}\nFix that and start `localspec chat` again; "
-                       "/history and /help still work here, ctrl+q quits.", "error")
-        self.loading = False
-        self.refresh_status()
-
-    async def _remove_loading(self) -> None:
-        for w in self.query("#loading"):
-            await w.remove()
 
     # --- output helpers -----------------------------------------------------------------------
     def _at_bottom(self) -> bool:
@@ -356,64 +277,6 @@ class ChatApp(App):
             generate_reply(self.session, turn, messages, cfg, self._cancel.is_set, self._post, self._save)
         finally:
             self._gen_done.set()
-
-    def _save(self, reply_id: int, text: str, runs, **kw) -> None:
-        try:
-            self.store.update_message(reply_id, text, provenance=encode_runs(runs), **kw)
-        except Exception:  # the UI reports history trouble when it first happens; never kill a reply
-            pass
-
-    async def on_reply_delta(self, msg: ReplyDelta) -> None:
-        if self.generating and self.state not in (State.GENERATING, State.CANCELLING):
-            self.state = State.GENERATING  # after measuring pass costs
-        follow = self._at_bottom()
-        await msg.view.add(msg.pieces)
-        if msg.live is not None:
-            self.last_live = msg.live
-            self.refresh_status()
-        if follow:
-            self.conv.scroll_end(animate=False)
-
-    async def on_reply_note(self, msg: ReplyNote) -> None:
-        self.state = State.MEASURING
-        self.refresh_status()
-
-    async def on_reply_done(self, msg: ReplyDone) -> None:
-        turn = msg.turn
-        follow = self._at_bottom()
-        stop = msg.stats.stop_reason if msg.stats is not None else ""
-        self.generating = False
-        self.current = None
-        if msg.error and not msg.text:
-            # nothing was confirmed: take the prompt back so it can be fixed and sent again
-            await turn.view.finish("", "")
-            await turn.view.remove()
-            if self.turns and self.turns[-1].role == "user":
-                self.turns.pop()
-            if self.store is not None:
-                for mid in (turn.reply_id, turn.user_id):
-                    if mid is not None:
-                        try:
-                            self.store.delete_message(mid)
-                        except Exception:
-                            pass
-            box = self.prompt_box
-            if not box.text.strip():
-                box.load_text(turn.prompt)
-            await self.say(f"not answered: {msg.error}", "error")
-            self.state = State.READY
-        else:
-            await turn.view.finish(msg.text, reply_note(msg.live, stop, msg.error))
-            self.turns.append(Message("assistant", msg.text))
-            self.last_reply = msg.text
-            self.last_stats = msg.stats
-            self.last_live = msg.live
-            self.state = State.REPLY_FAILED if msg.error else STATE_AFTER_STOP.get(stop, State.READY)
-        self.refresh_status()
-        if follow:
-            self.conv.scroll_end(animate=False)
-        self.replies += 1
-        await self.send_queued()
 
     # --- actions ------------------------------------------------------------------------------
     def action_cancel(self) -> None:

@@ -1,7 +1,7 @@
 """The status bar's figures: live speculation stats and the speedup estimated from measured costs.
 
 Estimated speedup over plain decoding = tokens * T_decode / (sum of round costs), the realised
-rounds priced by the measured profile (`costmodel.predict_from_rounds`, the same figure the bench
+rounds priced by the measured profile (`predictions.predict_from_rounds`, the same figure the bench
 prints): a round that drafted k tokens costs T_verify(k + 1) plus the drafting (k * T_draft for
 the draft model, ~0 for the n-gram lookup).
 """
@@ -12,7 +12,8 @@ from dataclasses import dataclass
 
 from textual.content import Content
 
-from ..costmodel import plausible, predict_from_rounds
+from ..costmodel import plausible
+from ..predictions import predict_from_rounds
 
 DRAFT_STYLE = "bold #5fd75f"  # accepted draft tokens (draft model or n-gram lookup)
 TARGET_STYLE = "#ffaf00"  # tokens the target produced itself (corrections and bonus tokens)

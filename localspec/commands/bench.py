@@ -149,7 +149,7 @@ def _engine(args, sel):
 def _cmd_costs(args, sel) -> int:
     from ..bench.document import pair_info
     from ..bench.report import break_even, cost_warnings, costs_dict, costs_lines
-    from ..costmodel import measure_costs, steady_verify
+    from ..passtimes import measure_costs, steady_verify
     from ..tuning import profile_path, tune
 
     engine = _engine(args, sel)
@@ -190,7 +190,7 @@ def _cmd_run(args, sel, chosen, settings) -> int:
     from ..bench.document import bench_document
     from ..bench.progress import Progress
     from ..bench.runner import NullProgress, Options, run_bench
-    from ..costmodel import measure_costs
+    from ..passtimes import measure_costs
 
     needs_auto = any(s.spec == "auto" for s in settings)
     engine = _engine(args, sel)
@@ -251,7 +251,7 @@ def _fill_doc(doc: dict, spec: str, report_path: str | None) -> None:
 
 
 def _write_report(doc: dict, path: Path) -> None:
-    from ..bench import report
+    from ..bench import plots as bench_plots, report
 
     if path.suffix.lower() != ".md":
         raise ConfigError(f"--report {path}: give a file name ending in .md")
@@ -263,7 +263,7 @@ def _write_report(doc: dict, path: Path) -> None:
         json_path.write_text(json.dumps(doc, indent=1) + "\n")
         note = None
         try:
-            plots = report.make_plots(doc, base)
+            plots = bench_plots.make_plots(doc, base)
         except ImportError:
             plots = []
             note = ("matplotlib is not installed, so this report has the tables only; "

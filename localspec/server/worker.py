@@ -25,7 +25,8 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from .. import attention
-from ..costmodel import CURVE_SIZES, depth_bucket, measure_at_depth
+from ..costmodel import CURVE_SIZES, depth_bucket
+from ..passtimes import measure_at_depth
 from ..errors import LocalspecError
 from ..fim_windows import EditorSettings, EditorWindows
 from ..session import Session
