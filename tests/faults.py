@@ -14,6 +14,7 @@ import socket
 import threading
 import time
 from dataclasses import dataclass
+from pathlib import Path
 
 
 @dataclass
@@ -279,6 +280,30 @@ def probe_long_prompts_together(port: int, n_ctx: int, lanes: int) -> list[Findi
                                                 "ignore_eos": True}, timeout=600)
     out.append(Finding("short idle lanes, then a prompt that fills the context", s == 200,
                        f"{s}: {raw[:100]!r}"))
+    return out
+
+
+def probe_damaged_saved_prompts(start, home, n_tokens: int = 1100) -> list[Finding]:
+    """A long prompt's saved entry under the data root replaced by JSON of another shape ([], null, 7) or by
+    garbage, the server restarted, the same prompt again: each answered (evaluated afresh), and the log
+    names each dropped entry in one line. start(): a ServerProcess on `home`."""
+    out = []
+    srv = start()
+    body = {"prompt": text_of(srv.port, n_tokens, "saved"), "n_predict": 2}
+    first = post_json(srv.port, "/completion", body, timeout=600)[0]
+    srv.stop()
+    metas = sorted(Path(home).rglob("prompt-cache/*/*.json"))
+    out.append(Finding("a long prompt is saved on disk", first == 200 and bool(metas), f"{first}, {len(metas)} entries"))
+    for bad in (b"[]", b"null", b"7", b"{not json"):
+        for m in metas:
+            m.write_bytes(bad)
+        srv = start()
+        s, _, raw = post_json(srv.port, "/completion", body, timeout=600)
+        srv.stop()
+        log = srv.output()
+        out.append(Finding(f"saved entry {bad.decode()!r}: answered, one line in the log", s == 200 and
+                           "dropping the saved prompt" in log and "Traceback" not in log, f"{s}: {raw[:80]!r}"))
+        metas = sorted(Path(home).rglob("prompt-cache/*/*.json")) or metas
     return out
 
 

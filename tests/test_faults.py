@@ -20,6 +20,7 @@ from faults import (
     probe_big_inputs,
     probe_call_ids,
     probe_concurrent_streams,
+    probe_damaged_saved_prompts,
     probe_error_shapes,
     probe_foreign_pages,
     probe_hangups,
@@ -259,3 +260,12 @@ def test_the_shared_cache_waits_instead_of_refusing_long_prompts(tiny, tmp_path)
         assert_findings(probe_long_prompts_together(srv.port, 512, lanes=4))
     finally:
         assert srv.stop() == 0, srv.output()
+
+
+def test_damaged_saved_prompts_are_dropped_with_one_line_and_evaluated_again(tiny, tmp_path):
+    """A saved prompt's entry replaced by [], null, a number or garbage: the server answered 500
+    ("'list' object has no attribute 'get'") or dropped it without a word; now it says which, in one line,
+    and evaluates the prompt again."""
+    home = tmp_path / "home"
+    findings = probe_damaged_saved_prompts(lambda: tiny_server(tiny, home, ctx=2048), home)
+    assert_findings(findings)
