@@ -4,7 +4,7 @@ A GGUF file is: magic "GGUF", version, tensor count, key/value count, the key/va
 descriptions, then the weights. Everything `localspec check` needs (architecture, tokenizer, BOS/EOS)
 is in the key/values, so this reader stops there. It only calls `read(n)` on the file object, in
 chunks that grow from 256 KiB to 8 MiB: a tiny model costs one small read, Qwen's 151,936-token
-vocabulary (a ~6 MB header) a handful, and a remote file opened through huggingface-hub's
+vocabulary (a header of several megabytes) a handful, and a remote file opened through huggingface-hub's
 `HfFileSystem` turns each read into one HTTP range request, so no weights are ever downloaded.
 
 `check_pair_files(target_ref, draft_ref)` runs llama.cpp's draft/target rules (compat.py) on two

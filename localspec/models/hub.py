@@ -18,7 +18,7 @@ from .gguf_header import FIRST_READ_BYTES as READ_BLOCK_BYTES
 Notify = Callable[[str], None]
 
 def note_to_stderr(message: str) -> None:
-    """Progress for slow steps (assembling 1.6 GB, downloading); stderr keeps stdout clean for answers."""
+    """Progress for slow steps (assembling a bundle, downloading); stderr keeps stdout clean for answers."""
     sys.stderr.write(message + "\n")
     sys.stderr.flush()
 
