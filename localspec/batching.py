@@ -272,8 +272,8 @@ class Batcher:
         seqs = {p.seq for p, _ in step}
         if len(seqs) < 2:
             (seq,) = seqs
-            older_out = [s for s in self.swap.held if self.joined.get(s, 0.0) < self.joined.get(seq, 0.0)]
-            holding = [s for s in self.active if s != seq and s not in self.swap and self.ctx.seq_tokens.get(s)]
+            older_out = [s for s in list(self.swap.held) if self.joined.get(s, 0.0) < self.joined.get(seq, 0.0)]
+            holding = [s for s in list(self.active) if s != seq and s not in self.swap and self.ctx.seq_tokens.get(s)]
             if not (older_out or holding):
                 return None
         return max(seqs, key=lambda s: (not self.active.get(s, False), self.joined.get(s, 0.0)))

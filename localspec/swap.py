@@ -32,12 +32,15 @@ class SwapSpace:
     def back(self, order: list[int], make_room) -> None:
         """Put sequences back, in `order` (oldest first), freeing idle lanes' cells as needed; stops at the
         first that does not fit, so no younger one overtakes it."""
-        for seq in [s for s in order if s in self.held]:
-            state, tokens = self.held[seq]
+        for seq in order:
+            entry = self.held.get(seq)  # a generation that ended meanwhile dropped its own
+            if entry is None:
+                continue
+            state, tokens = entry
             while not self.ctx.restore(state, tokens, seq):
                 if not (make_room and make_room()):
                     return
-            del self.held[seq]
+            self.held.pop(seq, None)
 
     def drop(self, seq: int) -> None:
         self.held.pop(seq, None)
