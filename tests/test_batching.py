@@ -740,3 +740,35 @@ def test_idle_lanes_cells_all_give_way_to_a_prompt_that_fits_alone(tiny):
         assert e.lanes[0].last_stats.stop_reason in ("length", "eos") and got
     finally:
         e.close()
+
+
+def test_a_request_that_hangs_up_while_swapped_out_ends_and_the_other_answers(tiny):
+    """A sequence waiting out of the cache for cells whose client goes away is let go (its pass ends with an
+    error, or its rounds with "cancelled"), its snapshot dropped; the one that holds the cells answers whole."""
+    from localspec.errors import ContextFullError
+
+    e = Engine(tiny.target, None, load(2, n_ctx=256))
+    try:
+        prompts = [prompt_of(e, 180, "alpha beta"), prompt_of(e, 180, "gamma delta")]
+        cfg = GenConfig(temperature=0, max_tokens=40, spec="off")
+        out: list = [None, None]
+
+        def run(i: int) -> None:
+            gone = lambda: i in e.batcher.swap  # noqa: E731  (the client hangs up once it waits swapped out)
+            try:
+                toks = [c.token for c in e.generate(prompts[i], cfg, cancel=gone, lane=e.lanes[i]) if c.token is not None]
+                out[i] = (len(toks), e.lanes[i].last_stats.stop_reason)
+            except ContextFullError as err:
+                out[i] = (0, str(err))
+        threads = [threading.Thread(target=run, args=(i,)) for i in range(2)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(timeout=120)
+        assert not any(t.is_alive() for t in threads)
+        assert e.batcher.swap.moves >= 1 and not e.batcher.swap.held
+        assert sorted(out, key=lambda r: r[0])[1] == (40, "length")  # the other answered whole
+        let_go = sorted(out, key=lambda r: r[0])[0]
+        assert let_go[1] == "cancelled" or "cancelled while waiting" in let_go[1]
+    finally:
+        e.close()
