@@ -93,8 +93,10 @@ def engine_pending(engine) -> bool:
 
 
 def measure_for(engine, stop=None, busy=None) -> str | None:
-    """measure_kernel for a loaded engine, on the thread that decodes (batching.py says why only one may);
-    the choice applies from the next load."""
+    """measure_kernel for a loaded engine whose kernel is still to be measured (None otherwise), on the thread
+    that decodes (batching.py says why only one may); the choice applies from the next load."""
+    if not engine_pending(engine):
+        return None
     load = engine.load
     return engine.decoding(lambda: measure_kernel(engine.target_model, load.n_threads, load.n_threads_batch,
                                                   stop, busy))

@@ -12,8 +12,8 @@ One thread decodes, for every context of the process: llama.cpp's OpenMP team be
 that calls llama_decode, and while two such threads live, libgomp counts more threads than cores and
 stops spinning at the barriers between a graph's nodes (a futex sleep at each instead): every pass of
 both teams, the batch thread's too, then cost more for the rest of the process (docs/BENCHMARKS.md,
-"Figures behind the code's rules"). So the draft model's passes, and anything else that decodes, go to the batch thread too
-(`Batcher.call`).
+"Figures behind the code's rules"). So the draft model's passes, and anything else that decodes, go to
+the batch thread too (`Batcher.call`).
 
 Fairness: prompt evaluation goes in slices of at most PROMPT_SLICE tokens while others are decoding
 (a long prompt stalls them for one slice, not for the whole prompt); sequences marked `priority`

@@ -30,8 +30,8 @@ RESTORE_TOKENS_PER_GAIN = 1024  # restore a snapshot of n tokens when it saves 1
 
 def restore_pays(gain: int, snapshot_tokens: int) -> bool:
     """Whether restoring a snapshot beats evaluating the `gain` tokens it saves. A restore is a memory copy,
-    thousands of times cheaper a token than a short pass (docs/BENCHMARKS.md, "Figures behind the code's rules"): a repeated chat
-    question re-evaluated its last tokens under a fixed 16-token rule."""
+    thousands of times cheaper a token than a short pass (docs/BENCHMARKS.md, "Figures behind the code's
+    rules"): a repeated chat question re-evaluated its last tokens under a fixed 16-token rule."""
     return gain >= 1 + snapshot_tokens // RESTORE_TOKENS_PER_GAIN
 
 

@@ -1,8 +1,8 @@
 """Requantize a draft model to Q4_0 with llama.cpp (`llama_model_quantize`).
 
 On x86 and ARM CPUs llama.cpp repacks Q4_0 weights into its interleaved CPU layout at load time,
-which makes a Q4_0 draft noticeably cheaper per token than Q8_0/Q4_K (docs/BENCHMARKS.md, "Figures behind the code's rules").
-Cheaper drafts move the break-even acceptance down; whether the
+which makes a Q4_0 draft noticeably cheaper per token than Q8_0/Q4_K (docs/BENCHMARKS.md, "Figures
+behind the code's rules"). Cheaper drafts move the break-even acceptance down; whether the
 coarser weights cost acceptance is measured before the file is recommended (`localspec tune`).
 """
 

@@ -329,7 +329,7 @@ class Session:
         from the next load."""
         from . import attention
 
-        if attention.engine_pending(self.engine) and not busy():
+        if not busy():
             attention.measure_for(self.engine, stop, busy)
 
     def elapsed(self, stats, t_call: float, now: float) -> float:

@@ -9,8 +9,8 @@ profile says it should cost (`slowdown` = seconds / expected), per thread count,
 average. When passes come much slower than expected it tries one thread fewer and keeps whichever
 count is faster now; while running below the maximum it tries one more every PROBE_S seconds, since
 the machine may have calmed down, but only when the other processes left a core free since the last
-look (`CpuWatch`, from /proc/stat: a probe into a busy machine costs far more than it can gain), and a probe that is plainly
-worse ends after one pass. Thread counts never change the arithmetic's result in a way the
+look (`CpuWatch`, from /proc/stat: a probe into a busy machine costs far more than it can gain), and a
+probe that is plainly worse ends after one pass. Thread counts never change the arithmetic's result in a way the
 acceptance rule relies on: every confirmed token is still the target's own (see the note in
 docs/BENCHMARKS.md for the measured effect on greedy outputs).
 """

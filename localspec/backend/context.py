@@ -282,7 +282,8 @@ def fill_to_answer(cache, tokens: list[int], should_stop=None, step: int = 128,
     (last) pass, and that pass's last logits row, the first token's distribution, comes back with the
     count of tokens evaluated; None when `should_stop` ended the fill first. Evaluated alone, as the
     first round's pass, that token would cost a whole decode step where one more row of the prompt's pass
-    costs little: llama-server's first token comes from the prompt's pass too. A prompt the cache holds whole gives its last token again (no row is kept)."""
+    costs little: llama-server's first token comes from the prompt's pass too. A prompt the cache holds
+    whole gives its last token again (no row is kept)."""
     n = min(common_prefix(cache.tokens, tokens), len(tokens) - 1)
     if align:  # every row computed in the same passes as a fresh evaluation's: aligned_reuse says how
         n, should_stop = aligned_reuse(n, len(tokens), step), should_stop or (lambda: False)

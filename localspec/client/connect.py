@@ -4,7 +4,8 @@ one-shot prompt costs only the model's own time.
 The probe gives up within ~100 ms (a refused loopback connection answers at once). Only a server
 holding the same target and draft files is used; the request spells out every generation setting,
 so the answer is the one the in-process run would give (up to greedy near-ties: the server's
-caches and n-gram memory change which passes are batched; see README, "Exactness, honestly"). Stdlib only (http.client): no import cost.
+caches and n-gram memory change which passes are batched; see README, "Exactness, honestly"). Stdlib
+only (http.client): no import cost.
 """
 
 from __future__ import annotations

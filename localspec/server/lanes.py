@@ -4,7 +4,8 @@ A request gets the free lane whose cache shares the longest prefix with its prom
 selection by similarity; among equals the emptiest), so a conversation or an editor stays where its
 cells are. The other free lanes' sequences are parked: saved to the prompt cache in host memory and
 their cells freed. In one unified KV cache every decode attends over every cell in use, masked or not,
-so idle lanes' cells slow a lone request (docs/BENCHMARKS.md, "Figures behind the code's rules"). A parked sequence comes back from the prompt cache, a memory copy, when its client returns.
+so idle lanes' cells slow a lone request (docs/BENCHMARKS.md, "Figures behind the code's rules"). A
+parked sequence comes back from the prompt cache, a memory copy, when its client returns.
 Idle work (pass costs measured at the last request's depth) holds a lane too, filled as deep as that
 request ran; a request lets it hand that lane back (it gives way within a pass) before choosing, so the
 lane is parked, or is the request's own conversation, before the request evaluates anything.
