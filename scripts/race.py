@@ -331,6 +331,9 @@ def main() -> int:
     finally:
         for s in servers:
             s.stop()
+        from serverproc import drop_data_copies
+
+        drop_data_copies(work)  # the pair assembled into each server's data root; the logs stay
         if a.json:  # whatever was measured, before anything else can fail
             a.json.write_text(json.dumps({"results": results}, indent=1))
     rows = summarize(results, names)

@@ -108,3 +108,13 @@ class ServerProcess:
 def _decode(raw: bytes, ctype: str):
     text = raw.decode("utf-8")
     return json.loads(text) if "json" in ctype else text
+
+
+def drop_data_copies(root: Path) -> None:
+    """Remove what the servers of a scripted run wrote into their fresh data roots under `root` (the pair
+    assembled into each, saved prompts): gigabytes per run; the logs stay for reading."""
+    import shutil
+
+    for d in [*root.rglob("models"), *root.rglob("prompt-cache")]:
+        if d.is_dir() and not (d / "__init__.py").exists():  # never a checkout's localspec/models package
+            shutil.rmtree(d, ignore_errors=True)
