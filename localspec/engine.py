@@ -28,6 +28,7 @@ from .lane import Lane
 from .loop import speculative_decode
 from .ngram import NgramDrafter, NgramMemory
 from .policy import FixedK, make_policy
+from .predictions import estimated_speedup
 from .promptcache import prompt_cache_for
 from .promptfills import PromptFills
 from .stats import Stats
@@ -264,6 +265,7 @@ class Engine:
         stats.generation_s = time.perf_counter() - t_gen
         stats.decode_s = lane.target.decode_s + lane.draft_decode_s() - decode_before
         stats.policy = policy.describe()
+        stats.speedup_estimate = estimated_speedup(stats, self.profile) if stats.spec_mode != "off" else None
         stats.threads = self.decode_threads
         if self.governor:
             stats.thread_changes = [[a, b, why] for t, a, b, why in self.governor.changes if t >= t0]

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from .costmodel import CostProfile, expected_tokens
+from .costmodel import CostProfile, expected_tokens, plausible
 
 
 # Predicted speedups from measured pass costs, beside the measured ones.
@@ -72,6 +72,15 @@ def predict_leviathan(alpha: float | None, k: int, costs: CostProfile, model_sha
     tokens = (1.0 - plain_share) * expected_tokens(alpha, k) + plain_share
     seconds = (1.0 - plain_share) * draft_round + plain_share * costs.verify(1)
     return tokens / seconds * costs.t_decode
+
+
+def estimated_speedup(stats, profile: CostProfile | None) -> float | None:
+    """Speedup over plain decoding implied by a reply's rounds and the measured pass costs (the chat
+    app's status bar, the page's figure under a reply); None without a usable profile."""
+    if profile is None or not stats.tokens or not stats.target_passes or not plausible(profile.t_verify):
+        return None
+    return predict_from_rounds(stats.tokens, stats.rounds_plain, stats.drafted_by_position,
+                               stats.drafted_by_drafter, profile)
 
 
 def predict_from_rounds(tokens: int, rounds_plain: int, drafted_by_position: list[int],

@@ -38,6 +38,7 @@ class Stats:
     prediction_accepted: int = 0  # drafted from the prediction and confirmed (OpenAI's accepted_prediction_tokens)
     cache_restored: bool = False  # the prompt started from a saved prompt (promptcache), not the live cache
     cache_entries: int = 0  # saved prompts held after this one (0 without a prompt cache)
+    speedup_estimate: float | None = None  # over plain decoding, these rounds priced by the pass costs (None: unmeasured)
 
     def add_round(self, source: str, drafted: int, accepted: int, draft_s: float, verify_s: float,
                   origin: str = "") -> None:

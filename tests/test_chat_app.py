@@ -355,7 +355,7 @@ def test_spec_auto_measures_costs_and_estimates_the_speedup(tiny, monkeypatch):
 
 
 def test_estimated_speedup_from_rounds_and_pass_costs():
-    from localspec.chat.status import estimated_speedup
+    from localspec.predictions import estimated_speedup
     from localspec.costmodel import CostProfile
     from localspec.stats import Stats
 

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from localspec.chat.history import HistoryStore
+from localspec.history import HistoryStore
 from localspec.cli import main
 
 

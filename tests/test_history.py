@@ -12,7 +12,7 @@ import textwrap
 import pytest
 
 from localspec import paths
-from localspec.chat.history import (
+from localspec.history import (
     MIGRATIONS,
     HistoryError,
     HistoryStore,
@@ -103,7 +103,7 @@ def test_kill_9_loses_at_most_the_reply_in_flight(tmp_path):
     db = tmp_path / "h.db"
     code = textwrap.dedent(f"""
         import os, signal
-        from localspec.chat.history import HistoryStore
+        from localspec.history import HistoryStore
         s = HistoryStore({str(db)!r})
         cid = s.new_conversation()
         s.add_message(cid, "user", "hello")

@@ -25,7 +25,7 @@ from ..chat_format import Message
 from ..errors import LocalspecError
 from ..session import gen_config
 from .context import reply_reserve, turns_to_drop
-from .history import HistoryError, HistoryStore
+from ..history import HistoryError, HistoryStore
 from .loading import LoadingEvents
 from .messages import Turn
 from .options import ChatOptions

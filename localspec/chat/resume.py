@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from ..chat_format import Message
-from .history import message_note
+from ..history import message_note
 from .provenance import decode_runs
 from .widgets import AssistantMessage, UserMessage
 

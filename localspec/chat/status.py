@@ -12,8 +12,7 @@ from dataclasses import dataclass
 
 from textual.content import Content
 
-from ..costmodel import plausible
-from ..predictions import predict_from_rounds
+from ..predictions import estimated_speedup
 
 DRAFT_STYLE = "bold #5fd75f"  # accepted draft tokens (draft model or n-gram lookup)
 TARGET_STYLE = "#ffaf00"  # tokens the target produced itself (corrections and bonus tokens)
@@ -21,14 +20,6 @@ TARGET_STYLE = "#ffaf00"  # tokens the target produced itself (corrections and b
 
 def is_draft(source: str | None) -> bool:
     return source in ("model", "ngram")
-
-
-def estimated_speedup(stats, profile) -> float | None:
-    """Speedup over plain decoding implied by this reply's rounds and the measured pass costs."""
-    if profile is None or not stats.tokens or not stats.target_passes or not plausible(profile.t_verify):
-        return None
-    return predict_from_rounds(stats.tokens, stats.rounds_plain, stats.drafted_by_position,
-                               stats.drafted_by_drafter, profile)
 
 
 @dataclass

@@ -65,7 +65,7 @@ def cmd_chat(args) -> int:
 
 # --- history --------------------------------------------------------------------------------------
 def _store():
-    from ..chat.history import HistoryStore
+    from ..history import HistoryStore
 
     return HistoryStore()
 
@@ -102,7 +102,7 @@ def cmd_history_list(args) -> int:
 
 
 def cmd_history_show(args) -> int:
-    from ..chat.history import message_note
+    from ..history import message_note
 
     store = _store()
     try:
@@ -124,7 +124,7 @@ def cmd_history_show(args) -> int:
 
 
 def cmd_history_export(args) -> int:
-    from ..chat.history import to_json, to_markdown
+    from ..history import to_json, to_markdown
 
     store = _store()
     try:

@@ -54,6 +54,8 @@ def register(sub) -> None:
     g.add_argument("--log-requests", action="store_true",
                    help="print one line per request, and one with each answer's timings (prompt tokens new and "
                         "cached, tok/s, drafts accepted), as llama-server's log")
+    g.add_argument("--no-webui", dest="webui", action="store_false",
+                   help="do not serve the chat page at / (a browser then gets what other clients get)")
     add_editor_args(p)
     p.set_defaults(func=cmd_serve)
 
@@ -62,8 +64,9 @@ def cmd_serve(args) -> int:
     from ..server.runner import serve
 
     def on_listen(url: str) -> None:
-        sys.stdout.write(f"localspec serve: listening on {url} (OpenAI base URL {url}/v1); loading the models, "
-                         "Ctrl-C stops\n")
+        page = f"; chat page {url}/" if args.webui else ""
+        sys.stdout.write(f"localspec serve: listening on {url} (OpenAI base URL {url}/v1{page}); loading the "
+                         "models, Ctrl-C stops\n")
         sys.stdout.flush()
 
     from ..errors import ConfigError
@@ -79,7 +82,7 @@ def cmd_serve(args) -> int:
     choice.cache_ram_mib, choice.cache_disk_mib = args.cache_ram, args.cache_disk if args.cache_ram else 0
     choice.remember_generations = True  # n-gram drafts may copy earlier answers
     return serve(choice, gen_choice(args), args.host, args.port, args.api_key, stderr_note,
-                 on_listen, args.log_requests, args.cors, editor_settings(args))
+                 on_listen, args.log_requests, args.cors, editor_settings(args), webui=args.webui)
 
 
 def add_editor_args(p) -> None:

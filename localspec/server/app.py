@@ -8,7 +8,9 @@ worker thread; handlers only translate, queue and stream.
 
 Protocols (each a module with ROUTES and, where it differs from OpenAI's, ERRORS):
 llama-server's native endpoints (`llama_api`), OpenAI Chat Completions (`openai_api`), Anthropic
-Messages (`anthropic_api`), OpenAI Responses (`responses_api`) and Ollama's API (`ollama_api`).
+Messages (`anthropic_api`), OpenAI Responses (`responses_api`) and Ollama's API (`ollama_api`); beside
+them the chat page (`webui`: `/`, which answers other clients as Ollama does) and its conversations
+(`conversations_api`).
 """
 
 from __future__ import annotations
@@ -19,12 +21,13 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from . import anthropic_api, llama_api, ollama_api, openai_api, responses_api
+from . import anthropic_api, conversations_api, llama_api, ollama_api, openai_api, responses_api, webui
 from .guard import Guard, GuardRules
 from .http import ServerState, endpoint, error_response, openai_error
 from .apierrors import ApiError
 
 PROTOCOLS = (llama_api, openai_api, anthropic_api, responses_api, ollama_api)
+PAGE = (webui, conversations_api)  # the chat page and the conversations it keeps on the server
 
 __all__ = ["ServerState", "create_app"]
 
@@ -56,7 +59,7 @@ def errors_for(path: str):
 
 def routes() -> list[Route]:
     out = []
-    for module in PROTOCOLS:
+    for module in (*PROTOCOLS, *PAGE):
         errors = getattr(module, "ERRORS", openai_error)
         for path, handler, methods, *opts in module.ROUTES:
             needs_model = (opts[0] if opts else {}).get("needs_model", True)

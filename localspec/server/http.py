@@ -21,6 +21,7 @@ from .worker import Job, ServerSession
 
 # no API key needed, as in llama-server (health, the model list) and Ollama (its liveness answer)
 PUBLIC = {"/", "/health", "/v1/health", "/models", "/v1/models", "/api/version"}
+PUBLIC_PREFIX = "/webui/"  # the page's files: the page asks for the key, then sends it on every call
 POLL_S = 0.25  # how often a waiting non-streamed request checks that its client is still there
 BIG_BODY_BYTES = 256 << 10  # parsed off the event loop above this, so /health and streams never stall
 
@@ -39,6 +40,8 @@ class ServerState:
     model_id: str = "localspec"
     aliases: set[str] = field(default_factory=set)
     load_error: str | None = None
+    webui: bool = True  # the page at `/` (off: --no-webui)
+    history: object = None  # history.HistoryStore, opened when the page first asks for conversations
 
 
 def openai_error(e: ApiError) -> dict:
@@ -56,7 +59,7 @@ def endpoint(handler, needs_model: bool = True, errors: ErrorShape = openai_erro
     async def wrapped(request: Request) -> Response:
         state: ServerState = request.app.state.localspec
         try:
-            if state.api_key and request.url.path not in PUBLIC and not _authorized(request, state.api_key):
+            if state.api_key and not is_public(request.url.path) and not _authorized(request, state.api_key):
                 raise ApiError(401, "Invalid API Key")
             if needs_model:
                 require_serving(state)
@@ -67,6 +70,10 @@ def endpoint(handler, needs_model: bool = True, errors: ErrorShape = openai_erro
             log_unexpected(f"{request.method} {request.url.path}", e)
             return error_response(ApiError(500, "the server failed on this request; see its log"), errors)
     return wrapped
+
+
+def is_public(path: str) -> bool:
+    return path in PUBLIC or path.startswith(PUBLIC_PREFIX)
 
 
 def require_serving(state: ServerState) -> None:

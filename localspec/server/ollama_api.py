@@ -264,7 +264,6 @@ ROUTES = [
     ("/api/chat", chat, ["POST"]), ("/api/generate", generate, ["POST"]),
     ("/api/tags", tags, ["GET", "HEAD"]), ("/api/ps", ps, ["GET"]), ("/api/show", show, ["POST"]),
     ("/api/version", version, ["GET"], {"needs_model": False}),
-    ("/", root, ["GET", "HEAD"], {"needs_model": False}),
     *((f"/api/{p}", management, ["POST", "DELETE", "HEAD"]) for p in MANAGEMENT),
     ("/api/embed", not_supported, ["POST"]), ("/api/embeddings", not_supported, ["POST"]),
 ]

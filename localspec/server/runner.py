@@ -66,14 +66,14 @@ def load_into(state: ServerState, models: ModelChoice, gen: GenChoice, notify: C
 
 def serve(models: ModelChoice, gen: GenChoice, host: str, port: int, api_key: str | None,
           notify: Callable[[str], None], on_listen: Callable[[str], None], log_requests: bool = False,
-          cors: list[str] | None = None, editor: EditorSettings | None = None) -> int:
+          cors: list[str] | None = None, editor: EditorSettings | None = None, webui: bool = True) -> int:
     import uvicorn
 
     if not is_loopback(host) and not api_key:
         raise ConfigError(f"--host {host} would let other machines use the models; add --api-key KEY (or bind "
                           "to 127.0.0.1)")
     sock = bind(host, port)
-    state = ServerState(api_key=api_key)
+    state = ServerState(api_key=api_key, webui=webui)
     failed = threading.Event()
     freed = threading.Event()  # the models were closed; unset: the generation thread is still in llama.cpp
 
@@ -93,6 +93,8 @@ def serve(models: ModelChoice, gen: GenChoice, host: str, port: int, api_key: st
                 server.should_exit = True
         threading.Thread(target=load, name="localspec-load", daemon=True).start()
         yield
+        if state.history is not None:
+            state.history.close()
         if state.server is None or state.server.close():
             freed.set()
 

@@ -53,6 +53,7 @@ def localspec_stats(st) -> dict:
         "tokens_by_source": st.tokens_by_source,
         "stop_reason": st.stop_reason,
         "policy": st.policy,
+        "speedup_estimate": st.speedup_estimate,
         "stats": st.to_dict(),  # every figure (what `localspec run --json` prints), for clients that want it
     }
 

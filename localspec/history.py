@@ -1,4 +1,5 @@
-"""Chat history in SQLite (stdlib `sqlite3`), in the data dir (`paths.history_db()`).
+"""Conversation history in SQLite (stdlib `sqlite3`), in the data dir (`paths.history_db()`): the chat
+app, `localspec history` and the server's page (`server/conversations_api.py`) share it.
 
 Every message is written when it is sent or confirmed: the user's message when Enter is pressed,
 the assistant's row when its reply starts, then updated with the confirmed text every ~0.5 s and
@@ -19,8 +20,8 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 
-from .. import paths
-from ..errors import LocalspecError
+from . import paths
+from .errors import LocalspecError
 
 MIGRATIONS: list[tuple[int, str, str]] = [
     (1, "conversations and messages", """
@@ -218,18 +219,33 @@ class HistoryStore:
         with self._lock, self._conn:
             self._conn.execute("DELETE FROM messages WHERE id = ?", (mid,))
 
+    def delete_messages_from(self, cid: int, mid: int) -> int:
+        """Drop message `mid` of conversation `cid` and every later one (an edit resent, a reply
+        regenerated); how many went."""
+        with self._lock, self._conn:
+            cur = self._conn.execute("DELETE FROM messages WHERE conversation_id = ? AND id >= ?", (cid, mid))
+            self._conn.execute("UPDATE conversations SET updated_at = ? WHERE id = ?", (now(), cid))
+            return cur.rowcount
+
     def delete_conversation(self, cid: int) -> None:
         with self._lock, self._conn:
             self._conn.execute("DELETE FROM conversations WHERE id = ?", (cid,))
 
     # --- reading --------------------------------------------------------------------------------
-    def list_conversations(self, limit: int | None = None) -> list[Conversation]:
-        sql = ("SELECT c.*, (SELECT COUNT(*) FROM messages m WHERE m.conversation_id = c.id) AS n"
-               " FROM conversations c ORDER BY c.updated_at DESC, c.id DESC")
+    def list_conversations(self, limit: int | None = None, search: str = "") -> list[Conversation]:
+        """Newest first; `search`: only those whose title or a message contains it (any case)."""
+        sql, args = ("SELECT c.*, (SELECT COUNT(*) FROM messages m WHERE m.conversation_id = c.id) AS n"
+                     " FROM conversations c"), []
+        if search:
+            like = "%" + search.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_") + "%"
+            sql += (" WHERE c.title LIKE ? ESCAPE '\\' OR EXISTS (SELECT 1 FROM messages m"
+                    " WHERE m.conversation_id = c.id AND m.content LIKE ? ESCAPE '\\')")
+            args = [like, like]
+        sql += " ORDER BY c.updated_at DESC, c.id DESC"
         if limit:
             sql += f" LIMIT {int(limit)}"
         with self._lock:
-            return [_conversation(r) for r in self._conn.execute(sql)]
+            return [_conversation(r) for r in self._conn.execute(sql, args)]
 
     def last_conversation_id(self) -> int | None:
         with self._lock:

@@ -1,0 +1,472 @@
+// The chat page: conversations kept by the server (the same history as `localspec chat`), replies
+// streamed over /v1/chat/completions with each token's source, figures under each reply.
+import { ApiError, call, conversations, key, streamChat } from "/webui/api.js";
+import { LiveChart } from "/webui/chart.js";
+import { renderPlain, renderReply } from "/webui/render.js";
+
+const $ = (id) => document.getElementById(id);
+const SAVE_EVERY_MS = 1000; // a reply in flight is written this often (a closed tab loses at most this)
+const MAX_ATTACH_BYTES = 1 << 20;
+const SETTINGS = ["temperature", "max_tokens", "spec", "k"];
+
+const state = { conv: null, defaults: {}, running: null, attachments: [], sources: true };
+
+// --- the key, the server's defaults --------------------------------------------------------------
+let asking = null;
+function askKey(message) {
+  if (!asking) {
+    asking = new Promise((resolve) => {
+      $("key-message").textContent = message;
+      $("key-input").value = "";
+      $("key-dialog").showModal();
+      const done = () => {
+        key.set($("key-input").value.trim());
+        $("key-dialog").close();
+        $("key-ok").removeEventListener("click", done);
+        asking = null;
+        resolve();
+      };
+      $("key-ok").addEventListener("click", done);
+      $("key-input").onkeydown = (e) => { if (e.key === "Enter") { e.preventDefault(); done(); } };
+    });
+  }
+  return asking;
+}
+
+// Runs fn; a 401 asks for the key (saying when the one kept was refused) and tries again.
+async function withKey(fn) {
+  for (;;) {
+    try {
+      return await fn();
+    } catch (e) {
+      if (!(e instanceof ApiError) || e.status !== 401) throw e;
+      await askKey(key.get() ? "That key was not accepted: check the --api-key the server was started with."
+        : "This server was started with --api-key: enter the key.");
+    }
+  }
+}
+
+function banner(text, kind = "error") {
+  const b = $("banner");
+  b.hidden = !text;
+  b.textContent = text || "";
+  b.className = kind;
+}
+
+async function loadDefaults() {
+  for (;;) {
+    try {
+      const props = await withKey(() => call("GET", "/props"));
+      const p = props.default_generation_settings.params;
+      state.defaults = { temperature: p.temperature, max_tokens: p.n_predict, spec: p.spec, k: p["speculative.n_max"] };
+      const draft = props.localspec?.draft ? " · draft " + props.localspec.draft.split("/").pop() : " · n-gram drafts";
+      $("model").textContent = props.model_alias + draft;
+      banner("");
+      return;
+    } catch (e) {
+      if (e.status !== 503) throw e;
+      banner("The server is loading its model: " + e.message, "info");
+      await new Promise((r) => setTimeout(r, 1000));
+    }
+  }
+}
+
+function showSettings(settings = {}, system = "") {
+  $("set-system").value = system || "";
+  for (const name of SETTINGS) {
+    const el = $("set-" + name);
+    el.value = settings[name] ?? "";
+    const d = state.defaults[name];
+    if (el.tagName === "SELECT") el.options[0].textContent = `server default (${d ?? "?"})`;
+    else el.placeholder = d === undefined ? "" : String(d);
+  }
+}
+
+function readSettings() {
+  const out = {};
+  for (const name of SETTINGS) {
+    const v = $("set-" + name).value;
+    if (v !== "") out[name] = name === "spec" ? v : Number(v);
+  }
+  return out;
+}
+
+// --- conversations --------------------------------------------------------------------------------
+async function refreshList() {
+  const list = await withKey(() => conversations.list($("search").value.trim()));
+  const ul = $("conversations");
+  ul.replaceChildren();
+  for (const c of list.data) {
+    if (state.conv && state.conv.id === c.id) renderPlain($("title"), c.title || `Conversation ${c.id}`);
+    const li = document.createElement("li");
+    const a = document.createElement("a");
+    a.href = "#c=" + c.id;
+    renderPlain(a, c.title || `Conversation ${c.id}`);
+    if (state.conv && state.conv.id === c.id) a.setAttribute("aria-current", "page");
+    li.append(a);
+    ul.append(li);
+  }
+}
+
+async function openConversation(id) {
+  const conv = await withKey(() => conversations.get(id));
+  state.conv = conv;
+  $("messages").replaceChildren();
+  for (const m of conv.messages) addView(m);
+  renderPlain($("title"), conv.title || `Conversation ${conv.id}`);
+  showSettings(conv.settings, conv.system);
+  await refreshList();
+}
+
+function newChat() {
+  stop();
+  state.conv = null;
+  if (location.hash) history.replaceState(null, "", location.pathname);
+  $("messages").replaceChildren();
+  renderPlain($("title"), "New chat");
+  showSettings();
+  refreshList().catch((e) => banner(e.message));
+  $("prompt").focus();
+}
+
+async function route() {
+  const m = /^#c=(\d+)$/.exec(location.hash);
+  if (m && state.conv && state.conv.id === Number(m[1])) return;
+  if (!m) return newChat();
+  stop();
+  try {
+    await openConversation(Number(m[1]));
+  } catch (e) {
+    banner(e.message);
+    newChat();
+  }
+}
+
+// --- messages on screen ---------------------------------------------------------------------------
+function addView(m) {
+  const art = document.createElement("article");
+  art.className = "msg " + m.role;
+  art.dataset.id = m.id ?? "";
+  const body = document.createElement("div");
+  body.className = "body";
+  const meta = document.createElement("div");
+  meta.className = "meta";
+  const figs = document.createElement("span");
+  figs.className = "figures";
+  meta.append(figs);
+  const actions = document.createElement("div");
+  actions.className = "actions";
+  art.append(body, meta, actions);
+  art.runs = m.provenance?.length ? m.provenance : [["target", m.content]];
+  if (m.role === "user") {
+    renderPlain(body, m.content);
+    actions.append(button("Edit", () => editFrom(art)));
+  } else {
+    renderReply(body, art.runs, { sources: state.sources });
+    figs.textContent = [figures(m.stats), note(m)].filter(Boolean).join(" · ");
+    actions.append(button("Regenerate", () => regenerate(art)), button("Copy", () => copyText(art)));
+  }
+  $("messages").append(art);
+  art.scrollIntoView({ block: "end" });
+  return art;
+}
+
+function button(label, onClick) {
+  const b = document.createElement("button");
+  b.type = "button";
+  b.textContent = label;
+  b.addEventListener("click", onClick);
+  return b;
+}
+
+function textOf(art) {
+  return art.runs.map((r) => r[1]).join("");
+}
+
+async function copyText(art) {
+  await navigator.clipboard.writeText(textOf(art)).catch(() => banner("the browser refused the clipboard"));
+}
+
+// A reply's figures, from its Stats (the same dict `localspec run --json` prints).
+function figures(st) {
+  if (!st || !st.tokens) return "";
+  const parts = [`${st.tokens} tokens`];
+  if (st.generation_s > 0) parts.push(`${(st.tokens / st.generation_s).toFixed(1)} tok/s`);
+  if (st.drafted) {
+    parts.push(`drafted ${st.drafted}, accepted ${st.accepted} (${Math.round((100 * st.accepted) / st.drafted)}%)`);
+  } else {
+    parts.push(st.spec_mode === "off" ? "speculation off" : "nothing drafted");
+  }
+  if (st.prediction_tokens) parts.push(`prediction: ${st.prediction_accepted} of its ${st.prediction_tokens} tokens accepted`);
+  if (st.speedup_estimate) parts.push(`≈${st.speedup_estimate.toFixed(2)}× vs plain (est.)`);
+  return parts.join(" · ");
+}
+
+function note(m) {
+  if (m.error) return "failed: " + m.error;
+  if (m.complete === false) return "cut off";
+  return { cancelled: "stopped", length: "stopped at the token limit", context: "the context is full" }[m.stop_reason] || "";
+}
+
+function rerenderAll() {
+  for (const art of document.querySelectorAll("article.assistant")) {
+    renderReply(art.querySelector(".body"), art.runs, { sources: state.sources, final: art !== state.running?.art });
+  }
+}
+
+// --- sending and streaming ------------------------------------------------------------------------
+// The reply streams at once; the history's writes (a new conversation, the prompt, the reply's row) go
+// on beside it, in order, so the first token waits for none of them.
+async function send() {
+  const text = composed();
+  if (!text.trim() || state.running) return;
+  $("prompt").value = "";
+  state.attachments = [];
+  showAttachments();
+  const art = addView({ role: "user", content: text });
+  let saved;
+  if (state.conv) {
+    saved = Promise.resolve(state.conv);
+  } else {
+    const fields = { system: $("set-system").value || null, settings: readSettings() };
+    saved = withKey(() => conversations.create(fields)).then((conv) => {
+      state.conv = conv;
+      history.replaceState(null, "", "#c=" + conv.id);
+      return conv;
+    });
+  }
+  saved = saved.then((conv) => withKey(() => conversations.addMessage(conv.id, "user", text)))
+    .then((msg) => { art.dataset.id = msg.id; });
+  await generate(saved);
+  await refreshList().catch((e) => banner(e.message));
+}
+
+function composed() {
+  const files = state.attachments.map((f) => `\n\n\`\`\`${f.name}\n${f.text}\n\`\`\``).join("");
+  return $("prompt").value + files;
+}
+
+function turns() {
+  const out = [];
+  const system = $("set-system").value;
+  if (system) out.push({ role: "system", content: system });
+  for (const art of $("messages").querySelectorAll("article.msg")) {
+    if (art === state.running?.art) continue;
+    const content = art.classList.contains("user") ? art.querySelector(".body").textContent : textOf(art);
+    if (content) out.push({ role: art.classList.contains("user") ? "user" : "assistant", content });
+  }
+  return out;
+}
+
+function requestBody() {
+  const s = readSettings();
+  const body = { messages: turns() };
+  if (s.temperature !== undefined) body.temperature = s.temperature;
+  if (s.max_tokens !== undefined) body.max_tokens = s.max_tokens;
+  if (s.spec) body.spec = s.spec;
+  if (s.k !== undefined) body["speculative.n_max"] = s.k;
+  const predicted = $("prediction").value;
+  if (predicted) body.prediction = { type: "content", content: predicted };
+  return body;
+}
+
+async function generate(before = Promise.resolve()) {
+  const body = requestBody();
+  const art = addView({ role: "assistant", content: "" });
+  art.runs = [];
+  const run = { art, controller: new AbortController(), chart: new LiveChart(art.querySelector(".meta")), frame: 0 };
+  state.running = run;
+  setRunning(true);
+  // the reply's row, written after the prompt's; every later write of it waits for it
+  let saved = before.then(() => withKey(() => conversations.addMessage(state.conv.id, "assistant", "", false)))
+    .then((msg) => { art.dataset.id = msg.id; });
+  let lastSave = performance.now(), tokens = 0;
+  const save = (fields) => {
+    const runs = art.runs.map((r) => [...r]);
+    saved = saved.then(() => conversations.updateMessage(state.conv.id, art.dataset.id,
+      { content: textOf(art), provenance: runs, ...fields }));
+  };
+  const onPiece = (piece, source, live) => {
+    const last = art.runs[art.runs.length - 1];
+    if (last && last[0] === source) last[1] += piece;
+    else art.runs.push([source, piece]);
+    tokens += 1;
+    run.live = live;
+    if (!run.frame) run.frame = requestAnimationFrame(() => showProgress(run, tokens));
+    if (performance.now() - lastSave > SAVE_EVERY_MS) {
+      lastSave = performance.now();
+      save({ complete: false });
+    }
+  };
+  let end = {};
+  try {
+    const last = await withKey(() => streamChat(body, run.controller.signal, onPiece));
+    end = { complete: true, stop_reason: last?.localspec?.stop_reason || "eos", stats: last?.localspec?.stats };
+  } catch (e) {
+    end = e.name === "AbortError" ? { complete: true, stop_reason: "cancelled" }
+      : { complete: true, stop_reason: "error", error: e.message };
+    if (e.name !== "AbortError") banner(e.message);
+  }
+  cancelAnimationFrame(run.frame);
+  state.running = null;
+  setRunning(false);
+  renderReply(art.querySelector(".body"), art.runs, { sources: state.sources });
+  art.querySelector(".figures").textContent = [figures(end.stats), note(end)].filter(Boolean).join(" · ");
+  save(end);
+  await saved.catch((e) => banner("the conversation could not be saved: " + e.message));
+  art.dataset.done = "1";
+}
+
+function showProgress(run, tokens) {
+  run.frame = 0;
+  const { art } = run;
+  renderReply(art.querySelector(".body"), art.runs, { sources: state.sources, final: false });
+  art.dataset.tokens = String(tokens);
+  run.chart.add(run.live);
+  art.scrollIntoView({ block: "end" });
+}
+
+function setRunning(on) {
+  $("send").hidden = on;
+  $("stop").hidden = !on;
+}
+
+function stop() {
+  state.running?.controller.abort();
+}
+
+async function editFrom(art) {
+  if (state.running) return;
+  $("prompt").value = art.querySelector(".body").textContent;
+  await dropFrom(art);
+  $("prompt").focus();
+}
+
+async function regenerate(art) {
+  if (state.running) return;
+  await dropFrom(art);
+  await generate();
+}
+
+async function dropFrom(art) {
+  await withKey(() => conversations.removeFrom(state.conv.id, art.dataset.id));
+  let el = art;
+  while (el) {
+    const next = el.nextElementSibling;
+    el.remove();
+    el = next;
+  }
+}
+
+// --- files ----------------------------------------------------------------------------------------
+async function readText(file) {
+  if (file.size > MAX_ATTACH_BYTES) throw new Error(`${file.name} is over 1 MB: attach a smaller text file`);
+  const bytes = new Uint8Array(await file.arrayBuffer());
+  try {
+    if (bytes.includes(0)) throw new Error();
+    return new TextDecoder("utf-8", { fatal: true }).decode(bytes);
+  } catch {
+    throw new Error(`${file.name} is not a text file: attach text or code (UTF-8)`);
+  }
+}
+
+async function attach(files) {
+  for (const f of files) {
+    try {
+      state.attachments.push({ name: f.name, text: await readText(f) });
+      banner("");
+    } catch (e) {
+      banner(e.message);
+    }
+  }
+  showAttachments();
+}
+
+function showAttachments() {
+  const box = $("attachments");
+  box.replaceChildren(...state.attachments.map((f, i) => button(`${f.name} ✕`, () => {
+    state.attachments.splice(i, 1);
+    showAttachments();
+  })));
+}
+
+// --- wiring -----------------------------------------------------------------------------------------
+async function saveSettings() {
+  if (!state.conv) return;
+  await withKey(() => conversations.update(state.conv.id, { system: $("set-system").value || null, settings: readSettings() }))
+    .catch((e) => banner(e.message));
+}
+
+function rename() {
+  if (!state.conv) return;
+  const title = $("title");
+  title.contentEditable = "true";
+  title.focus();
+  title.onkeydown = async (e) => {
+    if (e.key !== "Enter" && e.key !== "Escape") return;
+    e.preventDefault();
+    title.contentEditable = "false";
+    if (e.key === "Enter") {
+      await withKey(() => conversations.update(state.conv.id, { title: title.textContent.trim().slice(0, 200) }));
+      await refreshList();
+    }
+    renderPlain(title, (await conversations.get(state.conv.id)).title);
+  };
+}
+
+let confirmDelete = 0;
+async function removeConversation() {
+  if (!state.conv) return;
+  if (Date.now() - confirmDelete > 3000) {
+    confirmDelete = Date.now();
+    $("delete").textContent = "Delete? Click again";
+    setTimeout(() => { $("delete").textContent = "Delete"; }, 3000);
+    return;
+  }
+  await withKey(() => conversations.remove(state.conv.id));
+  $("delete").textContent = "Delete";
+  newChat();
+}
+
+function wire() {
+  $("composer").addEventListener("submit", (e) => { e.preventDefault(); send(); });
+  $("prompt").addEventListener("keydown", (e) => {
+    if (e.key === "Enter" && !e.shiftKey && !e.isComposing) { e.preventDefault(); send(); }
+  });
+  $("stop").addEventListener("click", stop);
+  $("new-chat").addEventListener("click", newChat);
+  $("rename").addEventListener("click", rename);
+  $("delete").addEventListener("click", removeConversation);
+  $("search").addEventListener("input", () => refreshList().catch((e) => banner(e.message)));
+  $("attach").addEventListener("change", (e) => { attach([...e.target.files]); e.target.value = ""; });
+  $("prediction-file").addEventListener("change", async (e) => {
+    const f = e.target.files[0];
+    if (f) $("prediction").value = await readText(f).catch((err) => { banner(err.message); return ""; });
+  });
+  $("show-sources").addEventListener("change", (e) => { state.sources = e.target.checked; rerenderAll(); });
+  $("settings-toggle").addEventListener("click", () => {
+    const open = $("settings").hidden;
+    $("settings").hidden = !open;
+    $("settings-toggle").setAttribute("aria-expanded", String(open));
+  });
+  for (const id of ["set-system", ...SETTINGS.map((s) => "set-" + s)]) $(id).addEventListener("change", saveSettings);
+  document.addEventListener("keydown", (e) => {
+    if (e.key === "Escape" && state.running) stop();
+    else if (e.altKey && e.key.toLowerCase() === "t") { $("show-sources").click(); e.preventDefault(); }
+    else if (e.ctrlKey && e.shiftKey && e.key.toLowerCase() === "o") { e.preventDefault(); newChat(); }
+    else if (e.ctrlKey && e.key.toLowerCase() === "k") { e.preventDefault(); $("search").focus(); }
+  });
+  window.addEventListener("hashchange", route);
+}
+
+async function main() {
+  wire();
+  try {
+    await loadDefaults();
+    await route();
+  } catch (e) {
+    banner(e.message);
+  }
+}
+
+main();
