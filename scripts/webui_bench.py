@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import http.client
 import json
+import shutil
 import statistics
 import sys
 import tempfile
@@ -47,6 +48,31 @@ EDIT_FILE = ROOT / "localspec" / "text.py"
 EDIT = "Rename the class TextStream to TokenText everywhere in this file. Return the whole file and nothing else."
 
 
+def until(page, expression: str, timeout_s: float = 30) -> None:
+    """Polls an expression (wait_for_function would evaluate it with eval, which the page's CSP refuses)."""
+    end = time.monotonic() + timeout_s
+    while not page.evaluate(expression):
+        if time.monotonic() > end:
+            raise TimeoutError(expression)
+        page.wait_for_timeout(20)
+
+
+def settle(url: str, quiet_s: float = 3.0) -> None:
+    """Both sides start alike: the server's idle work (measuring pass costs on a fresh data root) done,
+    and the same quiet gap before each run."""
+    u = urlparse(url)
+    end = time.monotonic() + 900
+    while time.monotonic() < end:
+        conn = http.client.HTTPConnection(u.hostname, u.port, timeout=30)
+        conn.request("GET", "/props")
+        props = json.loads(conn.getresponse().read())
+        conn.close()
+        if props.get("localspec", {}).get("profile"):
+            break
+        time.sleep(5)
+    time.sleep(quiet_s)
+
+
 def page_run(page, url: str, prompt: str, max_tokens: int, attach: Path | None = None) -> dict:
     page.goto(url + "/")
     page.wait_for_selector("#model:not(:empty)")
@@ -58,7 +84,7 @@ def page_run(page, url: str, prompt: str, max_tokens: int, attach: Path | None =
         page.set_input_files("#attach", str(attach))
         page.click("#edit-mode summary")
         page.set_input_files("#prediction-file", str(attach))
-        page.wait_for_function("document.getElementById('prediction').value.length > 0")
+        until(page, "document.getElementById('prediction').value.length > 0")
     page.fill("#prompt", prompt)
     with page.expect_request("**/v1/chat/completions") as req:
         page.press("#prompt", "Enter")
@@ -103,7 +129,7 @@ def first_paint(browser, url: str, runs: int = 5) -> dict:
         page = context.new_page()
         page.goto(url + "/")
         page.wait_for_load_state("load")
-        page.wait_for_function("performance.getEntriesByName('first-contentful-paint').length > 0")
+        until(page, "performance.getEntriesByName('first-contentful-paint').length > 0")
         paints.append(page.evaluate("performance.getEntriesByName('first-contentful-paint')[0].startTime"))
         sizes.append(page.evaluate("[...performance.getEntriesByType('navigation'), ...performance.getEntriesByType"
                                    "('resource')].filter(e => !e.name.includes('/props') && !e.name.includes("
@@ -119,7 +145,9 @@ def compare(browser, url: str, name: str, prompt: str, max_tokens: int, runs: in
     cold = page_run(page, url, prompt, max_tokens, attach)  # fills the prompt cache; reported apart
     rows = {"page": [], "api": []}
     for _ in range(runs):
+        settle(url)
         rows["api"].append(api_run(url, cold["body"]))
+        settle(url)
         rows["page"].append(page_run(page, url, prompt, max_tokens, attach))
     context.close()
     med = {side: {k: statistics.median(r[k] for r in rs) for k in ("ttft_ms", "tok_s", "tokens")}
@@ -157,6 +185,18 @@ def screenshots(browser, url: str, out: Path) -> None:
         context.close()
 
 
+def measured_home() -> Path:
+    """A fresh data root holding this machine's measurements (pass costs, attention kernel) when the user's
+    has them, as a server has after its first idle minute; conversations the bench writes stay out of the
+    user's history."""
+    from localspec import paths
+
+    home = Path(tempfile.mkdtemp(prefix="webui-bench-"))
+    if paths.profiles_dir().is_dir():
+        shutil.copytree(paths.profiles_dir(), home / paths.profiles_dir().name)
+    return home
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--url", help="a running `localspec serve` (default: start one on the default pair)")
@@ -166,7 +206,7 @@ def main() -> int:
     args = ap.parse_args()
     server = None
     if args.url is None:
-        server = ServerProcess([], Path(tempfile.mkdtemp(prefix="webui-bench-")), wait=False)
+        server = ServerProcess([], measured_home(), wait=False)
         server.wait_ready(600)
     url = args.url or server.url
     try:
@@ -181,6 +221,7 @@ def main() -> int:
     finally:
         if server is not None:
             server.stop()
+        shutil.rmtree(server.home, ignore_errors=True)
     text = json.dumps(result, indent=2)
     if args.json:
         args.json.write_text(text + "\n")

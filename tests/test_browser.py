@@ -8,6 +8,7 @@ import json
 import re
 import subprocess
 import sys
+import urllib.error
 import urllib.request
 
 import pytest
@@ -67,6 +68,14 @@ def finished(page):
     return page.locator(f"article.assistant[data-seen='{n}']")
 
 
+def tinted(page, source: str) -> int:
+    """Runs of the newest reply's text the page marked as coming from `source` (CSS highlight ranges)."""
+    return page.evaluate("""(name) => {
+        const h = CSS.highlights.get(name), body = [...document.querySelectorAll("article.assistant .body")].pop();
+        return h && body ? [...h].filter((r) => body.contains(r.startContainer)).length : 0;
+    }""", f"src-{source}")
+
+
 def api(server, method: str, path: str, body=None):
     req = urllib.request.Request(server.url + path, method=method, data=None if body is None else json.dumps(body).encode(),
                                  headers={"Content-Type": "application/json"})
@@ -77,14 +86,15 @@ def api(server, method: str, path: str, body=None):
 def test_a_prompt_streams_with_its_sources_coloured_and_its_figures(page):
     p = page.page
     reply = ask(p, "print hello world")
-    assert reply.locator(".src-model").count() > 0, reply.inner_html()  # accepted drafts of the draft model
+    assert tinted(p, "model") > 0  # accepted drafts of the draft model
     figures = reply.locator(".figures").inner_text()
     assert "tokens" in figures and "tok/s" in figures and "accepted" in figures, figures
+    assert re.search(r"from \d+ draft model", figures), figures
     assert reply.locator("svg.chart polyline.speed").get_attribute("points")
     p.keyboard.press("Alt+t")  # the toggle: plain text, no colours
-    assert reply.locator(".src-model").count() == 0
+    assert tinted(p, "model") == 0
     p.keyboard.press("Alt+t")
-    assert reply.locator(".src-model").count() > 0
+    assert tinted(p, "model") > 0
 
 
 def test_reload_keeps_the_conversation_and_the_history_lists_it(page, browser, server):
@@ -95,7 +105,7 @@ def test_reload_keeps_the_conversation_and_the_history_lists_it(page, browser, s
     p.reload()
     p.wait_for_selector("article.assistant[data-id]", timeout=WAIT_MS)
     assert p.locator("article.user .body").first.inner_text() == "parse the csv file"
-    assert p.locator("article.assistant .src-model").count() > 0  # the sources were stored too
+    assert tinted(p, "model") > 0  # the sources were stored too
     other = browser.new_context()  # another browser: nothing kept in it, all on the server
     second = Watched(other)
     second.page.goto(server.url + "/")
@@ -139,6 +149,32 @@ def test_edit_resend_and_regenerate(page, server):
     assert [(m["role"], m["content"] if m["role"] == "user" else "") for m in stored] == [
         ("user", "second question"), ("assistant", "")]
     assert stored[1]["complete"] and stored[1]["content"]
+
+
+def test_search_rename_and_delete_conversations(page, server):
+    p = page.page
+    ask(p, "the cache line")
+    cid = p.url.split("#c=")[1]
+    p.click("#new-chat")
+    ask(p, "for line in file")
+    p.fill("#search", "cache line")
+    expect(p.locator("#conversations a")).to_have_count(1)
+    p.click("#conversations a")
+    p.wait_for_url(f"**#c={cid}")
+    p.click("#rename")
+    p.keyboard.press("Control+a")
+    p.keyboard.type("Caches, renamed")
+    p.keyboard.press("Enter")
+    expect(p.locator("#conversations a")).to_have_text(["Caches, renamed"])  # found by its messages
+    p.fill("#search", "renamed")
+    expect(p.locator("#conversations a")).to_have_text(["Caches, renamed"])  # and by its new title
+    assert api(server, "GET", f"/localspec/conversations/{cid}")["title"] == "Caches, renamed"
+    p.click("#delete")
+    p.click("#delete")  # the second click confirms
+    expect(p.locator("#conversations a")).to_have_count(0)
+    assert "#c=" not in p.url and p.locator("article.msg").count() == 0
+    with pytest.raises(urllib.error.HTTPError):
+        api(server, "GET", f"/localspec/conversations/{cid}")
 
 
 def test_keyboard_only(page):
@@ -202,8 +238,8 @@ def test_edit_mode_sends_the_file_as_the_predicted_output(page, server, tmp_path
     p.set_input_files("#prediction-file", str(tmp_path / "edited.py"))
     expect(p.locator("#prediction")).to_have_value(expected)
     reply = ask(p, "def parse csv")
-    assert re.search(r"prediction: \d+ of its \d+ tokens accepted", reply.locator(".figures").inner_text())
-    assert reply.locator(".src-ngram").count() > 0  # n-gram drafts from the text seen, accepted
+    assert re.search(r"\d+ of the prediction's \d+ tokens accepted", reply.locator(".figures").inner_text())
+    assert tinted(p, "ngram") > 0  # n-gram drafts from the text seen, accepted
 
 
 def test_the_key_prompt(browser, tiny, tmp_path):

@@ -443,3 +443,33 @@ def test_two_hundred_turns_slide_through_a_small_context(tiny):
             return app.conversation_id
     cid = run(go())
     assert db_rows("SELECT COUNT(*) AS n FROM messages WHERE conversation_id = ?", cid)[0]["n"] == 400
+
+
+def test_a_conversation_the_page_started_opens_with_its_sources(tiny):
+    """The server's page writes the history through its conversations API; `/history ID` continues it."""
+    from starlette.testclient import TestClient
+
+    from localspec.server.app import create_app
+    from localspec.server.http import ServerState
+
+    page = TestClient(create_app(ServerState()), base_url="http://127.0.0.1:8012")
+    cid = page.post("/localspec/conversations", json={"system": "Be brief."}).json()["id"]
+    page.post(f"/localspec/conversations/{cid}/messages", json={"role": "user", "content": "name a cache"})
+    mid = page.post(f"/localspec/conversations/{cid}/messages",
+                    json={"role": "assistant", "content": "", "complete": False}).json()["id"]
+    page.patch(f"/localspec/conversations/{cid}/messages/{mid}", json={
+        "content": "the L1 cache", "complete": True, "stop_reason": "eos",
+        "provenance": [["target", "the "], ["model", "L1 cache"]], "stats": {"tokens": 3}})
+
+    async def go():
+        app = chat_app(tiny)
+        async with app.run_test(size=SIZE) as pilot:
+            await ready(pilot, app)
+            box = app.query_one(PromptInput)
+            box.load_text(f"/history {cid}")
+            await pilot.press("enter")
+            await wait_until(pilot, lambda: app.conversation_id == cid, "the page's conversation")
+            view = list(app.query(AssistantMessage))[-1]
+            assert view.text == "the L1 cache" and ("L1 cache", "model") in view.runs
+            assert app.system == "Be brief." and [t.role for t in app.turns] == ["user", "assistant"]
+    run(go())

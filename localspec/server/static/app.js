@@ -2,10 +2,13 @@
 // streamed over /v1/chat/completions with each token's source, figures under each reply.
 import { ApiError, call, conversations, key, streamChat } from "/webui/api.js";
 import { LiveChart } from "/webui/chart.js";
-import { renderPlain, renderReply } from "/webui/render.js";
+import { renderPlain, renderReply, renderStreaming } from "/webui/render.js";
 
 const $ = (id) => document.getElementById(id);
 const SAVE_EVERY_MS = 1000; // a reply in flight is written this often (a closed tab loses at most this)
+// A streaming reply is redrawn at most this often: on a laptop the browser's redraws take CPU from the
+// model's decoding on the same cores (docs/WEBUI.md, the page's pace).
+const REDRAW_EVERY_MS = 250;
 const MAX_ATTACH_BYTES = 1 << 20;
 const SETTINGS = ["temperature", "max_tokens", "spec", "k"];
 
@@ -187,17 +190,22 @@ async function copyText(art) {
   await navigator.clipboard.writeText(textOf(art)).catch(() => banner("the browser refused the clipboard"));
 }
 
-// A reply's figures, from its Stats (the same dict `localspec run --json` prints).
+// A reply's figures, from its Stats (the same dict `localspec run --json` prints); the tokens by source
+// are those the colours show.
 function figures(st) {
   if (!st || !st.tokens) return "";
   const parts = [`${st.tokens} tokens`];
   if (st.generation_s > 0) parts.push(`${(st.tokens / st.generation_s).toFixed(1)} tok/s`);
   if (st.drafted) {
     parts.push(`drafted ${st.drafted}, accepted ${st.accepted} (${Math.round((100 * st.accepted) / st.drafted)}%)`);
+    const by = st.tokens_by_source || {};
+    const from = [["model", "draft model"], ["ngram", "n-gram or prediction"], ["target", "target"]]
+      .filter(([k]) => by[k]).map(([k, name]) => `${by[k]} ${name}`);
+    if (from.length) parts.push("from " + from.join(", "));
   } else {
     parts.push(st.spec_mode === "off" ? "speculation off" : "nothing drafted");
   }
-  if (st.prediction_tokens) parts.push(`prediction: ${st.prediction_accepted} of its ${st.prediction_tokens} tokens accepted`);
+  if (st.prediction_tokens) parts.push(`${st.prediction_accepted} of the prediction's ${st.prediction_tokens} tokens accepted`);
   if (st.speedup_estimate) parts.push(`≈${st.speedup_estimate.toFixed(2)}× vs plain (est.)`);
   return parts.join(" · ");
 }
@@ -210,7 +218,8 @@ function note(m) {
 
 function rerenderAll() {
   for (const art of document.querySelectorAll("article.assistant")) {
-    renderReply(art.querySelector(".body"), art.runs, { sources: state.sources, final: art !== state.running?.art });
+    const render = art === state.running?.art ? renderStreaming : renderReply;
+    render(art.querySelector(".body"), art.runs, { sources: state.sources });
   }
 }
 
@@ -274,13 +283,14 @@ async function generate(before = Promise.resolve()) {
   const body = requestBody();
   const art = addView({ role: "assistant", content: "" });
   art.runs = [];
-  const run = { art, controller: new AbortController(), chart: new LiveChart(art.querySelector(".meta")), frame: 0 };
+  const run = { art, controller: new AbortController(), chart: new LiveChart(art.querySelector(".meta")),
+    timer: 0, shown: 0, tokens: 0 };
   state.running = run;
   setRunning(true);
   // the reply's row, written after the prompt's; every later write of it waits for it
   let saved = before.then(() => withKey(() => conversations.addMessage(state.conv.id, "assistant", "", false)))
     .then((msg) => { art.dataset.id = msg.id; });
-  let lastSave = performance.now(), tokens = 0;
+  let lastSave = performance.now();
   const save = (fields) => {
     const runs = art.runs.map((r) => [...r]);
     saved = saved.then(() => conversations.updateMessage(state.conv.id, art.dataset.id,
@@ -290,9 +300,12 @@ async function generate(before = Promise.resolve()) {
     const last = art.runs[art.runs.length - 1];
     if (last && last[0] === source) last[1] += piece;
     else art.runs.push([source, piece]);
-    tokens += 1;
+    run.tokens += 1;
     run.live = live;
-    if (!run.frame) run.frame = requestAnimationFrame(() => showProgress(run, tokens));
+    if (!run.timer) {
+      const wait = Math.max(0, run.shown + REDRAW_EVERY_MS - performance.now());
+      run.timer = setTimeout(() => requestAnimationFrame(() => showProgress(run)), wait);
+    }
     if (performance.now() - lastSave > SAVE_EVERY_MS) {
       lastSave = performance.now();
       save({ complete: false });
@@ -307,23 +320,35 @@ async function generate(before = Promise.resolve()) {
       : { complete: true, stop_reason: "error", error: e.message };
     if (e.name !== "AbortError") banner(e.message);
   }
-  cancelAnimationFrame(run.frame);
+  clearTimeout(run.timer);
+  run.done = true;
   state.running = null;
   setRunning(false);
   renderReply(art.querySelector(".body"), art.runs, { sources: state.sources });
+  art.dataset.tokens = String(run.tokens);
   art.querySelector(".figures").textContent = [figures(end.stats), note(end)].filter(Boolean).join(" · ");
   save(end);
   await saved.catch((e) => banner("the conversation could not be saved: " + e.message));
   art.dataset.done = "1";
 }
 
-function showProgress(run, tokens) {
-  run.frame = 0;
+function showProgress(run) {
+  run.timer = 0;
+  if (run.done) return;
+  run.shown = performance.now();
   const { art } = run;
-  renderReply(art.querySelector(".body"), art.runs, { sources: state.sources, final: false });
-  art.dataset.tokens = String(tokens);
+  renderStreaming(art.querySelector(".body"), art.runs, { sources: state.sources });
+  art.dataset.tokens = String(run.tokens);
   run.chart.add(run.live);
-  art.scrollIntoView({ block: "end" });
+  follow(art);
+}
+
+// Keeps a streaming reply's end in view by scrolling half a screen at a time, not a line per redraw:
+// each scroll repaints the whole list, which on a software-rendered laptop costs the decoding CPU.
+function follow(art) {
+  const box = $("messages");
+  const below = art.getBoundingClientRect().bottom - box.getBoundingClientRect().bottom;
+  if (below > 0) box.scrollTop += below + box.clientHeight / 2;
 }
 
 function setRunning(on) {

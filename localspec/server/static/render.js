@@ -24,18 +24,66 @@ export function safeHtml(text) {
   return DOMPurify.sanitize(markdown.parse(text), PURIFY);
 }
 
-// Renders `runs` ([[source, text], ...], the history's provenance) into `el`.
-export function renderReply(el, runs, { sources = true, final = true } = {}) {
-  const text = runs.map((r) => r[1]).join("");
-  el.innerHTML = safeHtml(text);
-  for (const a of el.querySelectorAll("a[href]")) {
+// Renders `runs` ([[source, text], ...], the history's provenance) into `el`: a whole reply, highlighted.
+export function renderReply(el, runs, { sources = true } = {}) {
+  forget(el);
+  fill(el, el, joined(runs), sources ? sourceOfEachChar(runs) : null, true);
+}
+
+// While a reply streams, what lies before its last paragraph break outside a code fence no longer
+// changes: each such stretch is rendered once, into a block of its own, and only the tail is redrawn.
+export function renderStreaming(el, runs, { sources = true } = {}) {
+  let s = streams.get(el);
+  if (!s || s.sources !== sources) {
+    forget(el);
+    s = { upto: 0, sources, tail: document.createElement("div") };
+    el.replaceChildren(s.tail);
+    streams.set(el, s);
+  }
+  const text = joined(runs), srcs = sources ? sourceOfEachChar(runs) : null;
+  const settled = settledUpTo(text, s.upto);
+  if (settled > s.upto) {
+    const part = document.createElement("div");
+    fill(part, el, text.slice(s.upto, settled), srcs?.slice(s.upto, settled), false);
+    s.tail.before(part);
+    s.upto = settled;
+  }
+  untint(s.tail);
+  fill(s.tail, s.tail, text.slice(s.upto), srcs?.slice(s.upto), false);
+}
+
+const streams = new WeakMap(); // a streaming reply's element -> { upto, sources, tail }
+
+function forget(el) {
+  const s = streams.get(el);
+  if (s) untint(s.tail);
+  streams.delete(el);
+  untint(el);
+}
+
+function settledUpTo(text, from) {
+  let fenced = false, at = from, pos = from;
+  for (const line of text.slice(from).split("\n")) {
+    pos += line.length + 1;
+    if (/^ {0,3}(```|~~~)/.test(line)) fenced = !fenced;
+    else if (!fenced && !line.trim() && pos <= text.length) at = pos;
+  }
+  return at;
+}
+
+// `text` as safe HTML in `container`; its sources' ranges are held by `owner` (untint(owner) drops them).
+function fill(container, owner, text, sources, final) {
+  container.innerHTML = safeHtml(text);
+  for (const a of container.querySelectorAll("a[href]")) {
     a.target = "_blank";
     a.rel = "noopener noreferrer";
   }
-  if (final) for (const code of el.querySelectorAll("pre code")) hljs.highlightElement(code);
-  if (sources) tint(el, text, sourceOfEachChar(runs));
-  for (const pre of el.querySelectorAll("pre")) addCopyButton(pre);
+  if (final) for (const code of container.querySelectorAll("pre code")) hljs.highlightElement(code);
+  if (sources) tint(owner, container, text, sources);
+  for (const pre of container.querySelectorAll("pre")) addCopyButton(pre);
 }
+
+const joined = (runs) => runs.map((r) => r[1]).join("");
 
 function sourceOfEachChar(runs) {
   const out = [];
@@ -43,9 +91,25 @@ function sourceOfEachChar(runs) {
   return out;
 }
 
+// The sources are ranges of the CSS Custom Highlight API, styled by ::highlight(src-model): no element is
+// added, so redrawing a streaming reply costs no more layout than its markdown (spans where unsupported).
+const HIGHLIGHTS = globalThis.CSS?.highlights
+  ? Object.fromEntries(Object.entries(SOURCES).map(([source, name]) => {
+    const h = new Highlight();
+    CSS.highlights.set(name, h);
+    return [source, h];
+  }))
+  : null;
+const ranges = new WeakMap(); // element -> [[highlight, range], ...] it holds
+
+function untint(el) {
+  for (const [h, r] of ranges.get(el) || []) h.delete(r);
+  ranges.delete(el);
+}
+
 // Markdown drops its syntax (`**`, `#`, fences) but keeps the text in order: each rendered character is
-// matched to the next equal character of the reply's text, and runs from a draft are wrapped in a span.
-function tint(el, text, sources) {
+// matched to the next equal character of the reply's text, and runs from a draft are marked.
+function tint(owner, el, text, sources) {
   const walker = document.createTreeWalker(el, NodeFilter.SHOW_TEXT);
   const nodes = [];
   while (walker.nextNode()) nodes.push(walker.currentNode);
@@ -62,8 +126,27 @@ function tint(el, text, sources) {
         marks[i] = "target";
       }
     }
-    wrapRuns(node, shown, marks);
+    if (HIGHLIGHTS) markRuns(owner, node, marks);
+    else wrapRuns(node, shown, marks);
   }
+}
+
+function markRuns(el, node, marks) {
+  const held = ranges.get(el) || [];
+  let start = 0;
+  for (let i = 1; i <= marks.length; i++) {
+    if (i < marks.length && marks[i] === marks[start]) continue;
+    const h = HIGHLIGHTS[marks[start]];
+    if (h) {
+      const r = new Range();
+      r.setStart(node, start);
+      r.setEnd(node, i);
+      h.add(r);
+      held.push([h, r]);
+    }
+    start = i;
+  }
+  ranges.set(el, held);
 }
 
 function wrapRuns(node, shown, marks) {
