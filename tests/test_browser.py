@@ -161,8 +161,8 @@ def test_search_rename_and_delete_conversations(page, server):
     expect(p.locator("#conversations a")).to_have_count(1)
     p.click("#conversations a")
     p.wait_for_url(f"**#c={cid}")
+    expect(p.locator("#title")).to_have_text("the cache line")
     p.click("#rename")
-    p.keyboard.press("Control+a")
     p.keyboard.type("Caches, renamed")
     p.keyboard.press("Enter")
     expect(p.locator("#conversations a")).to_have_text(["Caches, renamed"])  # found by its messages

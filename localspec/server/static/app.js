@@ -100,7 +100,8 @@ async function refreshList() {
   const ul = $("conversations");
   ul.replaceChildren();
   for (const c of list.data) {
-    if (state.conv && state.conv.id === c.id) renderPlain($("title"), c.title || `Conversation ${c.id}`);
+    const editing = $("title").querySelector("input"); // a rename in progress keeps its box
+    if (state.conv && state.conv.id === c.id && !editing) renderPlain($("title"), c.title || `Conversation ${c.id}`);
     const li = document.createElement("li");
     const a = document.createElement("a");
     a.href = "#c=" + c.id;
@@ -224,8 +225,9 @@ function rerenderAll() {
 }
 
 // --- sending and streaming ------------------------------------------------------------------------
-// The reply streams at once; the history's writes (a new conversation, the prompt, the reply's row) go
-// on beside it, in order, so the first token waits for none of them.
+// The reply streams at once; the history's writes (a new conversation, the prompt, the reply's row) start
+// with its first token (or its end, when none comes), in order: while the prompt evaluates, the browser
+// and the server leave the cores to it.
 async function send() {
   const text = composed();
   if (!text.trim() || state.running) return;
@@ -233,20 +235,15 @@ async function send() {
   state.attachments = [];
   showAttachments();
   const art = addView({ role: "user", content: text });
-  let saved;
-  if (state.conv) {
-    saved = Promise.resolve(state.conv);
-  } else {
-    const fields = { system: $("set-system").value || null, settings: readSettings() };
-    saved = withKey(() => conversations.create(fields)).then((conv) => {
-      state.conv = conv;
-      history.replaceState(null, "", "#c=" + conv.id);
-      return conv;
-    });
-  }
-  saved = saved.then((conv) => withKey(() => conversations.addMessage(conv.id, "user", text)))
+  const fields = { system: $("set-system").value || null, settings: readSettings() };
+  const conv = state.conv;
+  const writePrompt = () => (conv ? Promise.resolve(conv) : withKey(() => conversations.create(fields)).then((c) => {
+    state.conv = c;
+    history.replaceState(null, "", "#c=" + c.id);
+    return c;
+  })).then((c) => withKey(() => conversations.addMessage(c.id, "user", text)))
     .then((msg) => { art.dataset.id = msg.id; });
-  await generate(saved);
+  await generate(writePrompt);
   await refreshList().catch((e) => banner(e.message));
 }
 
@@ -279,7 +276,7 @@ function requestBody() {
   return body;
 }
 
-async function generate(before = Promise.resolve()) {
+async function generate(writeBefore = () => Promise.resolve()) {
   const body = requestBody();
   const art = addView({ role: "assistant", content: "" });
   art.runs = [];
@@ -288,12 +285,15 @@ async function generate(before = Promise.resolve()) {
   state.running = run;
   setRunning(true);
   // the reply's row, written after the prompt's; every later write of it waits for it
-  let saved = before.then(() => withKey(() => conversations.addMessage(state.conv.id, "assistant", "", false)))
+  let started = null;
+  const start = () => started ??= writeBefore()
+    .then(() => withKey(() => conversations.addMessage(state.conv.id, "assistant", "", false)))
     .then((msg) => { art.dataset.id = msg.id; });
+  let saved = Promise.resolve();
   let lastSave = performance.now();
   const save = (fields) => {
     const runs = art.runs.map((r) => [...r]);
-    saved = saved.then(() => conversations.updateMessage(state.conv.id, art.dataset.id,
+    saved = saved.then(start).then(() => conversations.updateMessage(state.conv.id, art.dataset.id,
       { content: textOf(art), provenance: runs, ...fields }));
   };
   const onPiece = (piece, source, live) => {
@@ -302,6 +302,7 @@ async function generate(before = Promise.resolve()) {
     else art.runs.push([source, piece]);
     run.tokens += 1;
     run.live = live;
+    if (run.tokens === 1) saved = saved.then(start);
     if (!run.timer) {
       const wait = Math.max(0, run.shown + REDRAW_EVERY_MS - performance.now());
       run.timer = setTimeout(() => requestAnimationFrame(() => showProgress(run)), wait);
@@ -423,20 +424,32 @@ async function saveSettings() {
 }
 
 function rename() {
-  if (!state.conv) return;
-  const title = $("title");
-  title.contentEditable = "true";
-  title.focus();
-  title.onkeydown = async (e) => {
-    if (e.key !== "Enter" && e.key !== "Escape") return;
-    e.preventDefault();
-    title.contentEditable = "false";
-    if (e.key === "Enter") {
-      await withKey(() => conversations.update(state.conv.id, { title: title.textContent.trim().slice(0, 200) }));
-      await refreshList();
-    }
-    renderPlain(title, (await conversations.get(state.conv.id)).title);
+  if (!state.conv || $("title").querySelector("input")) return;
+  const title = $("title"), before = title.textContent;
+  const input = document.createElement("input");
+  input.value = before;
+  input.maxLength = 200;
+  input.setAttribute("aria-label", "Conversation title (Enter saves, Escape keeps it)");
+  title.replaceChildren(input);
+  input.focus();
+  input.select();
+  let done = false;
+  const finish = async (keep) => {
+    if (done) return;
+    done = true;
+    const name = input.value.trim();
+    renderPlain(title, keep && name ? name : before);
+    if (!keep || !name || name === before) return;
+    await withKey(() => conversations.update(state.conv.id, { title: name })).catch((e) => banner(e.message));
+    await refreshList().catch((e) => banner(e.message));
   };
+  input.addEventListener("keydown", (e) => {
+    if (e.key === "Enter" || e.key === "Escape") {
+      e.preventDefault();
+      finish(e.key === "Enter");
+    }
+  });
+  input.addEventListener("blur", () => finish(false));
 }
 
 let confirmDelete = 0;
