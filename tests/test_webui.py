@@ -169,6 +169,20 @@ def test_an_unusable_history_is_a_503_that_says_what_to_do(localspec_home):
     assert r.status_code == 503 and "move it aside" in r.json()["error"]["message"]
 
 
+def test_a_history_that_cannot_be_written_is_a_503_that_says_so(localspec_home, monkeypatch):
+    import sqlite3
+
+    c = client()
+    cid = c.post(BASE, json={}).json()["id"]
+
+    def full(*a, **kw):
+        raise sqlite3.OperationalError("database or disk is full")
+    monkeypatch.setattr(HistoryStore, "add_message", full)
+    r = c.post(f"{BASE}/{cid}/messages", json={"role": "user", "content": "hi"})
+    assert r.status_code == 503 and "disk is full" in r.json()["error"]["message"]
+    assert c.get(f"{BASE}/{cid}").status_code == 200  # the server goes on
+
+
 def test_with_a_key_the_page_loads_and_its_calls_need_the_key(localspec_home):
     c = client(api_key="sekrit")
     assert c.get("/", headers=HTML).status_code == 200

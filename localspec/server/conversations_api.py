@@ -9,6 +9,7 @@ so the paths are localspec's own (`/localspec/conversations`), in OpenAI's error
 from __future__ import annotations
 
 import asyncio
+import sqlite3
 import threading
 
 from starlette.requests import Request
@@ -36,12 +37,16 @@ def store_of(state: ServerState) -> HistoryStore:
 
 
 async def in_store(state: ServerState, fn, *args, **kw):
-    """A store call off the event loop (a stream in flight never waits on SQLite); unknown ids are 404s."""
+    """A store call off the event loop (a stream in flight never waits on SQLite); unknown ids are 404s,
+    a store that cannot be read or written (a full disk, a read-only data root) a 503 that says so."""
     store = await asyncio.to_thread(store_of, state)
     try:
         return await asyncio.to_thread(getattr(store, fn), *args, **kw)
     except HistoryError as e:
         raise ApiError(404, str(e), "not_found_error")
+    except sqlite3.Error as e:
+        raise ApiError(503, f"the conversation history at {store.path} failed ({e}); check that its disk has "
+                            "room and LOCALSPEC_HOME is writable")
 
 
 def _id(request: Request, name: str) -> int:

@@ -55,7 +55,7 @@ def file_response(request: Request, name: str) -> Response:
     if "gzip" in request.headers.get("accept-encoding", ""):
         body, headers["content-encoding"] = packed, "gzip"
     media = TYPES[Path(name).suffix]
-    return Response(body if request.method == "GET" else b"", media_type=media, headers=headers)
+    return Response(body, media_type=media, headers=headers)  # uvicorn sends a HEAD's headers only
 
 
 async def root(request: Request, state: ServerState) -> Response:
