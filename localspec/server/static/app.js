@@ -1,7 +1,10 @@
 // The chat page: conversations kept by the server (the same history as `localspec chat`), replies
 // streamed over /v1/chat/completions with each token's source, figures under each reply.
-import { ApiError, call, conversations, key, streamChat } from "/webui/api.js";
+import { call, conversations, streamChat } from "/webui/api.js";
 import { LiveChart } from "/webui/chart.js";
+import { readText } from "/webui/files.js";
+import { figures, note } from "/webui/figures.js";
+import { withKey } from "/webui/keys.js";
 import { renderPlain, renderReply, renderStreaming } from "/webui/render.js";
 
 const $ = (id) => document.getElementById(id);
@@ -9,46 +12,11 @@ const SAVE_EVERY_MS = 1000; // a reply in flight is written this often (a closed
 // A streaming reply is redrawn at most this often: on a laptop the browser's redraws take CPU from the
 // model's decoding on the same cores (docs/WEBUI.md, the page's pace).
 const REDRAW_EVERY_MS = 250;
-const MAX_ATTACH_BYTES = 1 << 20;
 const SETTINGS = ["temperature", "max_tokens", "spec", "k"];
 
 const state = { conv: null, defaults: {}, running: null, attachments: [], sources: true };
 
-// --- the key, the server's defaults --------------------------------------------------------------
-let asking = null;
-function askKey(message) {
-  if (!asking) {
-    asking = new Promise((resolve) => {
-      $("key-message").textContent = message;
-      $("key-input").value = "";
-      $("key-dialog").showModal();
-      const done = () => {
-        key.set($("key-input").value.trim());
-        $("key-dialog").close();
-        $("key-ok").removeEventListener("click", done);
-        asking = null;
-        resolve();
-      };
-      $("key-ok").addEventListener("click", done);
-      $("key-input").onkeydown = (e) => { if (e.key === "Enter") { e.preventDefault(); done(); } };
-    });
-  }
-  return asking;
-}
-
-// Runs fn; a 401 asks for the key (saying when the one kept was refused) and tries again.
-async function withKey(fn) {
-  for (;;) {
-    try {
-      return await fn();
-    } catch (e) {
-      if (!(e instanceof ApiError) || e.status !== 401) throw e;
-      await askKey(key.get() ? "That key was not accepted: check the --api-key the server was started with."
-        : "This server was started with --api-key: enter the key.");
-    }
-  }
-}
-
+// --- the server's defaults -----------------------------------------------------------------------
 function banner(text, kind = "error") {
   const b = $("banner");
   b.hidden = !text;
@@ -189,32 +157,6 @@ function textOf(art) {
 
 async function copyText(art) {
   await navigator.clipboard.writeText(textOf(art)).catch(() => banner("the browser refused the clipboard"));
-}
-
-// A reply's figures, from its Stats (the same dict `localspec run --json` prints); the tokens by source
-// are those the colours show.
-function figures(st) {
-  if (!st || !st.tokens) return "";
-  const parts = [`${st.tokens} tokens`];
-  if (st.generation_s > 0) parts.push(`${(st.tokens / st.generation_s).toFixed(1)} tok/s`);
-  if (st.drafted) {
-    parts.push(`drafted ${st.drafted}, accepted ${st.accepted} (${Math.round((100 * st.accepted) / st.drafted)}%)`);
-    const by = st.tokens_by_source || {};
-    const from = [["model", "draft model"], ["ngram", "n-gram or prediction"], ["target", "target"]]
-      .filter(([k]) => by[k]).map(([k, name]) => `${by[k]} ${name}`);
-    if (from.length) parts.push("from " + from.join(", "));
-  } else {
-    parts.push(st.spec_mode === "off" ? "speculation off" : "nothing drafted");
-  }
-  if (st.prediction_tokens) parts.push(`${st.prediction_accepted} of the prediction's ${st.prediction_tokens} tokens accepted`);
-  if (st.speedup_estimate) parts.push(`≈${st.speedup_estimate.toFixed(2)}× vs plain (est.)`);
-  return parts.join(" · ");
-}
-
-function note(m) {
-  if (m.error) return "failed: " + m.error;
-  if (m.complete === false) return "cut off";
-  return { cancelled: "stopped", length: "stopped at the token limit", context: "the context is full" }[m.stop_reason] || "";
 }
 
 function rerenderAll() {
@@ -385,17 +327,6 @@ async function dropFrom(art) {
 }
 
 // --- files ----------------------------------------------------------------------------------------
-async function readText(file) {
-  if (file.size > MAX_ATTACH_BYTES) throw new Error(`${file.name} is over 1 MB: attach a smaller text file`);
-  const bytes = new Uint8Array(await file.arrayBuffer());
-  try {
-    if (bytes.includes(0)) throw new Error();
-    return new TextDecoder("utf-8", { fatal: true }).decode(bytes);
-  } catch {
-    throw new Error(`${file.name} is not a text file: attach text or code (UTF-8)`);
-  }
-}
-
 async function attach(files) {
   for (const f of files) {
     try {
