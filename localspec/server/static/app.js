@@ -63,8 +63,11 @@ function readSettings() {
 }
 
 // --- conversations --------------------------------------------------------------------------------
+let listed = 0; // the latest refresh: an older one's answer, arriving late, is dropped
 async function refreshList() {
+  const mine = ++listed;
   const list = await withKey(() => conversations.list($("search").value.trim()));
+  if (mine !== listed) return;
   const ul = $("conversations");
   ul.replaceChildren();
   for (const c of list.data) {
