@@ -10,7 +10,9 @@ import shutil
 import pytest
 
 try:
-    from playwright.sync_api import expect  # noqa: F401  (the tests' retrying assertions)
+    from playwright.sync_api import expect  # the tests' retrying assertions
+
+    expect.set_options(timeout=30_000)  # a busy machine: 5 s is Playwright's default
 except ImportError:  # require_browser() says how to install it
     expect = None
 
