@@ -10,6 +10,7 @@ import subprocess
 import sys
 import urllib.error
 import urllib.request
+from pathlib import Path
 
 import pytest
 from browserproc import Watched, chromium, expect, require_browser
@@ -169,6 +170,10 @@ def test_search_rename_and_delete_conversations(page, server):
     p.fill("#search", "renamed")
     expect(p.locator("#conversations a")).to_have_text(["Caches, renamed"])  # and by its new title
     assert api(server, "GET", f"/localspec/conversations/{cid}")["title"] == "Caches, renamed"
+    with p.expect_download() as saved:
+        p.click("#export")
+    assert saved.value.suggested_filename == f"conversation-{cid}.md"
+    assert "the cache line" in Path(saved.value.path()).read_text()
     p.click("#delete")
     p.click("#delete")  # the second click confirms
     expect(p.locator("#conversations a")).to_have_count(0)

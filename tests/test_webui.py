@@ -132,6 +132,21 @@ def test_list_search_rename_truncate_delete(localspec_home):
     assert c.get(f"{BASE}/{a}").status_code == 404
 
 
+def test_export_as_markdown_and_json(localspec_home):
+    c = client()
+    cid = c.post(BASE, json={"system": "Be terse."}).json()["id"]
+    c.post(f"{BASE}/{cid}/messages", json={"role": "user", "content": "Explain a KV cache"})
+    c.post(f"{BASE}/{cid}/messages", json={"role": "assistant", "content": "It keeps keys and values."})
+    md = c.get(f"{BASE}/{cid}/export")
+    assert md.headers["content-type"].startswith("text/markdown")
+    assert md.headers["content-disposition"] == f'attachment; filename="conversation-{cid}.md"'
+    assert md.text.startswith("# Explain a KV cache") and "## Assistant\n\nIt keeps keys and values." in md.text
+    js = c.get(f"{BASE}/{cid}/export", params={"format": "json"}).json()
+    assert js["system"] == "Be terse." and [m["role"] for m in js["messages"]] == ["user", "assistant"]
+    assert c.get(f"{BASE}/{cid}/export", params={"format": "pdf"}).status_code == 400
+    assert c.get(f"{BASE}/999/export").status_code == 404
+
+
 @pytest.mark.parametrize("method,path,body,status,says", [
     ("get", BASE + "/999", None, 404, "no conversation 999"),
     ("get", BASE + "/abc", None, 404, "ids are whole numbers"),

@@ -15,7 +15,7 @@ import threading
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from ..history import HistoryError, HistoryStore
+from ..history import HistoryError, HistoryStore, to_json, to_markdown
 from .apierrors import ApiError
 from .fields import boolean, string
 from .http import ServerState, read_json
@@ -94,6 +94,19 @@ async def get(request: Request, state: ServerState) -> Response:
     return JSONResponse(conv.to_dict())
 
 
+async def export(request: Request, state: ServerState) -> Response:
+    """A conversation as a file to keep: Markdown (`?format=md`, the default) or JSON, as
+    `localspec history export` writes it."""
+    fmt = request.query_params.get("format", "md")
+    if fmt not in ("md", "json"):
+        raise ApiError(400, '"format" must be md or json')
+    conv = await in_store(state, "get", _id(request, "cid"))
+    body, media = (to_json(conv), "application/json") if fmt == "json" else (to_markdown(conv), "text/markdown")
+    name = f"conversation-{conv.id}.{fmt}"
+    return Response(body, media_type=f"{media}; charset=utf-8",
+                    headers={"content-disposition": f'attachment; filename="{name}"'})
+
+
 async def update(request: Request, state: ServerState) -> Response:
     cid, body = _id(request, "cid"), await read_json(request)
     await in_store(state, "get", cid)
@@ -161,6 +174,7 @@ ROUTES = [
     (BASE, create, ["POST"], {"needs_model": False}),
     (BASE + "/{cid}", get, ["GET"], {"needs_model": False}),
     (BASE + "/{cid}", update, ["PATCH"], {"needs_model": False}),
+    (BASE + "/{cid}/export", export, ["GET"], {"needs_model": False}),
     (BASE + "/{cid}", delete, ["DELETE"], {"needs_model": False}),
     (BASE + "/{cid}/messages", add_message, ["POST"], {"needs_model": False}),
     (BASE + "/{cid}/messages/{mid}", update_message, ["PATCH"], {"needs_model": False}),

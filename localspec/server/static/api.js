@@ -30,6 +30,17 @@ async function failure(res) {
   return new ApiError(res.status, String(message));
 }
 
+// A conversation as a file: the server writes it (Markdown or JSON), the browser saves it.
+export async function download(path, name) {
+  const res = await fetch(path, { headers: headers(false) });
+  if (!res.ok) throw await failure(res);
+  const a = document.createElement("a");
+  a.href = URL.createObjectURL(await res.blob());
+  a.download = name;
+  a.click();
+  setTimeout(() => URL.revokeObjectURL(a.href), 10_000);
+}
+
 export async function call(method, path, body) {
   const res = await fetch(path, {
     method, headers: headers(body !== undefined),
@@ -79,6 +90,7 @@ export const conversations = {
   create: (fields) => call("POST", BASE, fields),
   update: (id, fields) => call("PATCH", `${BASE}/${id}`, fields),
   remove: (id) => call("DELETE", `${BASE}/${id}`),
+  export: (id, format) => download(`${BASE}/${id}/export?format=${format}`, `conversation-${id}.${format}`),
   addMessage: (id, role, content, complete = true) =>
     call("POST", `${BASE}/${id}/messages`, { role, content, complete }),
   updateMessage: (id, mid, fields) => call("PATCH", `${BASE}/${id}/messages/${mid}`, fields),

@@ -409,6 +409,9 @@ function wire() {
   $("new-chat").addEventListener("click", newChat);
   $("rename").addEventListener("click", rename);
   $("delete").addEventListener("click", removeConversation);
+  $("export").addEventListener("click", (e) => {
+    if (state.conv) withKey(() => conversations.export(state.conv.id, e.shiftKey ? "json" : "md")).catch((err) => banner(err.message));
+  });
   $("search").addEventListener("input", () => refreshList().catch((e) => banner(e.message)));
   $("attach").addEventListener("change", (e) => { attach([...e.target.files]); e.target.value = ""; });
   $("prediction-file").addEventListener("change", async (e) => {
