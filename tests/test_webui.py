@@ -7,7 +7,6 @@ from __future__ import annotations
 import gzip
 import hashlib
 import re
-from pathlib import Path
 
 import pytest
 from starlette.testclient import TestClient
