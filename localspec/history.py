@@ -219,6 +219,11 @@ class HistoryStore:
         with self._lock, self._conn:
             self._conn.execute("DELETE FROM messages WHERE id = ?", (mid,))
 
+    def has_message(self, cid: int, mid: int) -> bool:
+        with self._lock:
+            return self._conn.execute("SELECT 1 FROM messages WHERE id = ? AND conversation_id = ?",
+                                      (mid, cid)).fetchone() is not None
+
     def delete_messages_from(self, cid: int, mid: int) -> int:
         """Drop message `mid` of conversation `cid` and every later one (an edit resent, a reply
         regenerated); how many went."""

@@ -516,7 +516,7 @@ def main() -> int:
             print(f"  {n}: {sum(r[1] for r in results)}/{len(results)} in {time.monotonic() - t0:.0f} s", file=sys.stderr)
     finally:
         code = srv.stop()
-        drop_data_copies(srv.home)  # the pair assembled into its data root (1.5 GB a run); the log stays
+        drop_data_copies(srv.home)  # the pair assembled into its data root (gigabytes); the log stays
     versions = {n: version(n) for n in names if n in PY_CLIENTS or n in NPM_CLIENTS}
     if "llama.vim" in names and a.llama_vim:
         head = run(["git", "-C", str(a.llama_vim), "log", "-1", "--format=%h %cs"]).stdout.strip()

@@ -163,8 +163,9 @@ async def delete_messages(request: Request, state: ServerState) -> Response:
 
 
 async def _message_of(state: ServerState, cid: int, mid: int) -> None:
-    conv = await in_store(state, "get", cid)
-    if not any(m.id == mid for m in conv.messages):
+    """404 unless message `mid` is conversation `cid`'s (checked on every save of a streaming reply)."""
+    if not await in_store(state, "has_message", cid, mid):
+        await in_store(state, "get", cid)  # no such conversation: its own 404
         raise ApiError(404, f"conversation {cid} has no message {mid}", "not_found_error")
 
 

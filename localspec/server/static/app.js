@@ -5,7 +5,7 @@ import { LiveChart } from "/webui/chart.js";
 import { readText } from "/webui/files.js";
 import { figures, note } from "/webui/figures.js";
 import { withKey } from "/webui/keys.js";
-import { renderPlain, renderReply, renderStreaming } from "/webui/render.js";
+import { joined, renderPlain, renderReply, renderStreaming } from "/webui/render.js";
 
 const $ = (id) => document.getElementById(id);
 const SAVE_EVERY_MS = 1000; // a reply in flight is written this often (a closed tab loses at most this)
@@ -154,12 +154,8 @@ function button(label, onClick) {
   return b;
 }
 
-function textOf(art) {
-  return art.runs.map((r) => r[1]).join("");
-}
-
 async function copyText(art) {
-  await navigator.clipboard.writeText(textOf(art)).catch(() => banner("the browser refused the clipboard"));
+  await navigator.clipboard.writeText(joined(art.runs)).catch(() => banner("the browser refused the clipboard"));
 }
 
 function rerenderAll() {
@@ -203,7 +199,7 @@ function turns() {
   if (system) out.push({ role: "system", content: system });
   for (const art of $("messages").querySelectorAll("article.msg")) {
     if (art === state.running?.art) continue;
-    const content = art.classList.contains("user") ? art.querySelector(".body").textContent : textOf(art);
+    const content = art.classList.contains("user") ? art.querySelector(".body").textContent : joined(art.runs);
     if (content) out.push({ role: art.classList.contains("user") ? "user" : "assistant", content });
   }
   return out;
@@ -239,7 +235,7 @@ async function generate(writeBefore = () => Promise.resolve()) {
   const save = (fields) => {
     const runs = art.runs.map((r) => [...r]);
     saved = saved.then(start).then(() => conversations.updateMessage(state.conv.id, art.dataset.id,
-      { content: textOf(art), provenance: runs, ...fields }));
+      { content: joined(art.runs), provenance: runs, ...fields }));
   };
   const onPiece = (piece, source, live) => {
     const last = art.runs[art.runs.length - 1];

@@ -83,7 +83,7 @@ function fill(container, owner, text, sources, final) {
   for (const pre of container.querySelectorAll("pre")) addCopyButton(pre);
 }
 
-const joined = (runs) => runs.map((r) => r[1]).join("");
+export const joined = (runs) => runs.map((r) => r[1]).join(""); // a reply's text from its runs
 
 function sourceOfEachChar(runs) {
   const out = [];
