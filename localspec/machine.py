@@ -57,3 +57,15 @@ def amx_build_at_risk(system_info: str) -> bool:
 
 if __name__ == "__main__":  # scripts/bootstrap: the CMAKE_ARGS for this machine (args: the user's own)
     print(llama_cmake_args(" ".join(sys.argv[1:])))
+
+
+def process_rss() -> int:
+    """This process's resident memory in bytes (0 where /proc is not there)."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return 0

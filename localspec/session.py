@@ -45,6 +45,7 @@ class ModelChoice:
     cache_ram_mib: int = 0  # a server's saved prompts, in memory and on disk (LoadConfig's)
     cache_disk_mib: int = 0
     remember_generations: bool = False  # a server's: n-gram drafts may copy earlier answers
+    memory_room: int | None = None  # bytes a fitted context's KV may take a share of (None: what is free now)
 
 
 @dataclass
@@ -96,7 +97,7 @@ def load_config(choice: ModelChoice, sel: Selection) -> LoadConfig:
     if choice.ctx_size:
         load.n_ctx = choice.ctx_size
     elif choice.ctx_fit:
-        load.n_ctx = max(load.n_ctx, fit_context(sel, choice.ctx_fit))
+        load.n_ctx = max(load.n_ctx, fit_context(sel, choice.ctx_fit, choice.memory_room))
     if choice.parallel:
         load.n_parallel = choice.parallel
     if choice.threads:
@@ -120,25 +121,38 @@ SERVE_CTX_FIT = 32768  # a server's context without -c: Claude Code's first prom
 KV_MEMORY_SHARE = 0.25  # of the memory available at start, at most this for the KV caches a fitted context takes
 
 
-def fit_context(sel: Selection, ceiling: int) -> int:
+def fit_context(sel: Selection, ceiling: int, room: int | None = None) -> int:
     """The largest context (a multiple of 256, up to `ceiling`) the target was trained for and whose KV
-    caches, target and draft at f16, take at most KV_MEMORY_SHARE of the memory available now."""
-    from .machine import memory_bytes
+    caches, target and draft at f16, take at most KV_MEMORY_SHARE of `room` bytes (default: the memory
+    available now)."""
+    per_token, trained = kv_bytes_per_token([p for p in (sel.target, sel.draft) if p])
+    return fit_tokens(per_token, trained or ceiling, ceiling, room)
+
+
+def kv_bytes_per_token(paths: list) -> tuple[int, int]:
+    """(KV bytes one token of context takes in every model listed, f16; the first model's trained context)."""
     from .models.gguf_header import read_header_file
 
-    per_token, trained = 0, ceiling
-    for path in filter(None, (sel.target, sel.draft)):
+    per_token, trained = 0, 0
+    for i, path in enumerate(paths):
         h = read_header_file(path)
         arch = h.architecture or ""
         n_layer, n_head = h.get(f"{arch}.block_count", 0), h.get(f"{arch}.attention.head_count", 1) or 1
         n_kv = h.get(f"{arch}.attention.head_count_kv", n_head)
         head_dim = h.get(f"{arch}.attention.key_length") or h.get(f"{arch}.embedding_length", 0) // n_head
         per_token += 2 * n_layer * n_kv * head_dim * 2
-        if path == sel.target:
-            trained = h.get(f"{arch}.context_length", ceiling) or ceiling
-    available = memory_bytes()["available"] or 8 << 30  # unknown (not Linux, not macOS): 8 GiB assumed
-    fits = int(available * KV_MEMORY_SHARE // per_token) if per_token else ceiling
-    return max(256, min(ceiling, trained, fits) // 256 * 256)
+        if i == 0:
+            trained = h.get(f"{arch}.context_length", 0) or 0
+    return per_token, trained
+
+
+def fit_tokens(per_token: int, trained: int, ceiling: int, room: int | None = None) -> int:
+    from .machine import memory_bytes
+
+    if room is None:
+        room = memory_bytes()["available"] or 8 << 30  # unknown (not Linux, not macOS): 8 GiB assumed
+    fits = int(room * KV_MEMORY_SHARE // per_token) if per_token else ceiling
+    return max(256, min(ceiling, trained or ceiling, fits) // 256 * 256)
 
 
 def gen_config(gen: GenChoice, sel: Selection | None = None) -> GenConfig:
