@@ -236,6 +236,8 @@ def test_bad_input_is_a_400_in_each_protocols_shape(server):
         assert words in message, (path, body, message)
         if path.startswith("/v1/messages"):
             assert r.json()["type"] == "error" and err["type"] == "invalid_request_error"
-    assert post(server, "/api/pull", {"model": "llama3"}).status_code == 501
+    assert post(server, "/api/create", {"model": "llama3"}).status_code == 501
+    r = post(server, "/api/pull", {"model": "llama3"})
+    assert r.status_code == 404 and "`localspec pull`" in r.json()["error"]
     assert post(server, "/api/embed", {"model": "x", "input": "hi"}).status_code == 501
     assert httpx.get(server.url + "/health").status_code == 200

@@ -56,12 +56,26 @@ def register(sub) -> None:
                         "cached, tok/s, drafts accepted), as llama-server's log")
     g.add_argument("--no-webui", dest="webui", action="store_false",
                    help="do not serve the chat page at / (a browser then gets what other clients get)")
+    m = p.add_argument_group("several models (`localspec serve` without a pair: every model found offline)")
+    m.add_argument("--models-dir", metavar="DIR",
+                   help="serve the GGUF files in DIR (instead of the pairs in models.yaml and the data root's "
+                        "models folder), each paired with a smaller compatible one there, as llama-server's router")
+    m.add_argument("--models-max", type=pos_int, default=4, metavar="N",
+                   help="models loaded at once; loading one more unloads the least recently used idle one "
+                        "(default 4, llama-server's)")
+    m.add_argument("--models-memory", type=pos_int, default=None, metavar="MIB",
+                   help="memory the server may hold, models, their caches and itself (default: what is free "
+                        "at each load, less 512 MiB)")
+    m.add_argument("--idle-unload", type=pos_int, default=None, metavar="SECONDS",
+                   help="unload a model nobody used for this long (default: keep it; a request's Ollama "
+                        "`keep_alive` sets its own)")
     add_editor_args(p)
     p.set_defaults(func=cmd_serve)
 
 
 def cmd_serve(args) -> int:
-    from ..server.runner import serve
+    from ..server.router import Budget, Limits
+    from ..server.runner import ServeOptions, serve
 
     def on_listen(url: str) -> None:
         page = f"; chat page {url}/" if args.webui else ""
@@ -81,8 +95,34 @@ def cmd_serve(args) -> int:
     # saved prompts: warm-ups and other files no longer evict the editor's; an agent's outlives the process
     choice.cache_ram_mib, choice.cache_disk_mib = args.cache_ram, args.cache_disk if args.cache_ram else 0
     choice.remember_generations = True  # n-gram drafts may copy earlier answers
-    return serve(choice, gen_choice(args), args.host, args.port, args.api_key, stderr_note,
-                 on_listen, args.log_requests, args.cors, editor_settings(args), webui=args.webui)
+    opts = ServeOptions(host=args.host, port=args.port, api_key=args.api_key, log_requests=args.log_requests,
+                        cors=args.cors, editor=editor_settings(args), webui=args.webui,
+                        limits=Limits(models_max=args.models_max, idle_unload_s=args.idle_unload),
+                        budget=Budget(limit=args.models_memory << 20 if args.models_memory else None))
+    if args.models_dir and (choice.pair or choice.target):
+        raise ConfigError("--models-dir serves the models it finds; leave out the pair (or --target)")
+    if not (choice.pair or choice.target):
+        opts.catalog = served_models(choice, args.models_dir)
+    return serve(choice, gen_choice(args), stderr_note, on_listen, opts)
+
+
+def served_models(choice, models_dir: str | None = None):
+    """Every model found offline; none found: the default pair as before (it says how to get it)."""
+    from pathlib import Path
+
+    from ..errors import ConfigError
+    from ..models.catalog import find_models
+
+    folder = Path(models_dir).expanduser() if models_dir else None
+    if folder is not None and not folder.is_dir():
+        raise ConfigError(f"--models-dir {models_dir}: no such folder")
+    found = [] if choice.pull else find_models(folder)
+    if folder is not None and not found:
+        raise ConfigError(f"--models-dir {models_dir} has no .gguf file")
+    if len(found) == 1:  # one model: the single-model server, every name answered by it
+        for key, value in found[0].choice_fields().items():
+            setattr(choice, key, value)
+    return found if len(found) > 1 else None  # none: the default pair (its error says how to get it)
 
 
 def add_editor_args(p) -> None:

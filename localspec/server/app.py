@@ -8,7 +8,8 @@ worker thread; handlers only translate, queue and stream.
 
 Protocols (each a module with ROUTES and, where it differs from OpenAI's, ERRORS):
 llama-server's native endpoints (`llama_api`), OpenAI Chat Completions (`openai_api`), Anthropic
-Messages (`anthropic_api`), OpenAI Responses (`responses_api`) and Ollama's API (`ollama_api`); beside
+Messages (`anthropic_api`), OpenAI Responses (`responses_api`) and Ollama's API (`ollama_api`, its model
+list, pull and delete in `ollama_models`), llama-server's router's load and unload (`models_api`); beside
 them the chat page (`webui`: `/`, which answers other clients as Ollama does) and its conversations
 (`conversations_api`).
 """
@@ -21,12 +22,14 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from . import anthropic_api, conversations_api, llama_api, ollama_api, openai_api, responses_api, webui
+from . import (anthropic_api, conversations_api, llama_api, models_api, ollama_api, ollama_models, openai_api,
+               responses_api, webui)
 from .guard import Guard, GuardRules
 from .http import ServerState, endpoint, error_response, openai_error
 from .apierrors import ApiError
+from .router import placeholder_router
 
-PROTOCOLS = (llama_api, openai_api, anthropic_api, responses_api, ollama_api)
+PROTOCOLS = (llama_api, openai_api, anthropic_api, responses_api, ollama_api, ollama_models, models_api)
 PAGE = (webui, conversations_api)  # the chat page and the conversations it keeps on the server
 
 __all__ = ["ServerState", "create_app"]
@@ -68,6 +71,8 @@ def routes() -> list[Route]:
 
 
 def create_app(state: ServerState, lifespan=None, rules: GuardRules | None = None) -> Starlette:
+    if state.router is None:  # a state made by hand (tests of the page): one model, loading until set
+        state.router = placeholder_router(state)
     app = Starlette(routes=routes(), exception_handlers={404: not_found, 405: not_found}, lifespan=lifespan,
                     middleware=[Middleware(Guard, rules=rules or GuardRules(api_key=state.api_key))])
     app.state.localspec = state

@@ -58,12 +58,33 @@ def _lone_surrogate(v: Any, path: str, depth: int = 0) -> str | None:
 
 
 def requested_model(body: dict) -> str | None:
-    """`model`: any string is served by the loaded pair, as llama-server does with one model (clients
+    """`model`: with one model served any string names it, as llama-server does with one model (clients
     send "", "gpt-4o", their own alias); replies name the served model. Only a non-string is wrong."""
     v = body.get("model")
     if v is not None and not isinstance(v, str):
-        raise ApiError(400, '"model" must be a string (any name: this server serves its one model)')
+        raise ApiError(400, '"model" must be a string: a name GET /v1/models lists')
     return v
+
+
+_DURATION = re.compile(r"(-?\d+(?:\.\d+)?)(ms|s|m|h)")
+_UNIT_S = {"ms": 0.001, "s": 1, "m": 60, "h": 3600}
+
+
+def keep_alive_seconds(v) -> float | None:
+    """Ollama's `keep_alive`: seconds as a number, or a Go duration ("5m", "1h30m", "-1", "0");
+    negative: stay loaded; 0: unload once the request ends; None: the server's default."""
+    if v is None:
+        return None
+    if isinstance(v, (int, float)) and not isinstance(v, bool):
+        return float(v)
+    if isinstance(v, str):
+        text = v.strip()
+        if re.fullmatch(r"-?\d+(\.\d+)?", text):
+            return float(text)
+        parts = _DURATION.findall(text)
+        if parts and "".join(n + u for n, u in parts) == text:
+            return sum(float(n) * _UNIT_S[u] for n, u in parts)
+    raise ApiError(400, '"keep_alive" must be seconds or a duration such as "5m", "1h", "-1" (stay) or 0 (unload)')
 
 
 # --- one field at a time ------------------------------------------------------------------------

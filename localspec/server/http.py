@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-from dataclasses import dataclass, field
 from typing import Callable
 
 from starlette.requests import Request
@@ -15,9 +14,10 @@ from starlette.responses import Response, StreamingResponse
 
 from .guard import MAX_BODY_BYTES, require_json_body
 from .apierrors import ApiError, log_unexpected
-from .fields import parse_json, requested_model
+from .fields import keep_alive_seconds, parse_json, requested_model
 from .settings import Extras
-from .worker import Job, ServerSession
+from .state import ServerState
+from .worker import Job
 
 # no API key needed, as in llama-server (health, the model list) and Ollama (its liveness answer)
 PUBLIC = {"/", "/health", "/v1/health", "/models", "/v1/models", "/api/version"}
@@ -33,17 +33,6 @@ KEEPALIVE_S = 10.0
 KEEPALIVE = ": keep-alive\n\n"
 
 
-@dataclass
-class ServerState:
-    api_key: str | None = None
-    server: ServerSession | None = None  # None while loading
-    model_id: str = "localspec"
-    aliases: set[str] = field(default_factory=set)
-    load_error: str | None = None
-    webui: bool = True  # the page at `/` (off: --no-webui)
-    history: object = None  # history.HistoryStore, opened when the page first asks for conversations
-
-
 def openai_error(e: ApiError) -> dict:
     return e.body()
 
@@ -54,22 +43,38 @@ def error_response(e: ApiError, shape: ErrorShape = openai_error) -> Response:
 
 
 def endpoint(handler, needs_model: bool = True, errors: ErrorShape = openai_error):
-    """Authentication, the loading state and errors, the same for every route: an ApiError is its
-    JSON in the protocol's shape; anything else is one line in the log and a 500, never a traceback."""
+    """Authentication, the model a request names (loaded on demand) and errors, the same for every route:
+    an ApiError is its JSON in the protocol's shape; anything else is one line in the log and a 500,
+    never a traceback."""
     async def wrapped(request: Request) -> Response:
         state: ServerState = request.app.state.localspec
         try:
             if state.api_key and not is_public(request.url.path) and not _authorized(request, state.api_key):
                 raise ApiError(401, "Invalid API Key")
-            if needs_model:
-                require_serving(state)
-            return await handler(request, state)
+            if not needs_model:
+                return await handler(request, state)
+            name, keep_alive = await requested(request, state.router)
+            async with state.router.use(name, keep_alive) as model_state:
+                require_serving(model_state)
+                return await handler(request, model_state)
         except ApiError as e:
             return error_response(e, errors)
         except Exception as e:
             log_unexpected(f"{request.method} {request.url.path}", e)
             return error_response(ApiError(500, "the server failed on this request; see its log"), errors)
     return wrapped
+
+
+async def requested(request: Request, router) -> tuple[str | None, float | None]:
+    """The model a request names (the body's `model`, Ollama's `name`, or `?model=`) and its Ollama
+    `keep_alive` in seconds; with one model served nothing is read (every name is that model)."""
+    if router.single:
+        return None, None
+    if request.method != "POST":  # no ?model=: the model last used, so a probe loads nothing
+        return request.query_params.get("model") or router.last_used_name(), None
+    body = await read_json(request)
+    name = body.get("model") or body.get("name")
+    return (name if isinstance(name, str) else None), keep_alive_seconds(body.get("keep_alive"))
 
 
 def is_public(path: str) -> bool:
@@ -94,6 +99,9 @@ def _authorized(request: Request, key: str) -> bool:
 
 async def read_json(request: Request) -> dict:
     """The body as a JSON object: JSON content only, at most MAX_BODY_BYTES, parsed in a thread when big."""
+    cached = getattr(request.state, "json_body", None)
+    if cached is not None:  # the router read it to find the model
+        return cached
     refused = require_json_body(request.headers.get("content-type"))
     if refused:
         raise ApiError(415, refused, "invalid_request_error")
@@ -104,11 +112,13 @@ async def read_json(request: Request) -> dict:
             raise ApiError(413, f"the request body is over {MAX_BODY_BYTES} bytes, the most this server takes")
         chunks.append(chunk)
     raw = b"".join(chunks)
-    return await asyncio.to_thread(parse_json, raw) if size > BIG_BODY_BYTES else parse_json(raw)
+    body = await asyncio.to_thread(parse_json, raw) if size > BIG_BODY_BYTES else parse_json(raw)
+    request.state.json_body = body
+    return body
 
 
 async def read_body(request: Request) -> dict:
-    """A generation request's body; any model name is served by the one pair (replies name the served one)."""
+    """A generation request's body; its model name was routed already (replies name the served model)."""
     body = await read_json(request)
     requested_model(body)
     return body

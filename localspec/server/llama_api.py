@@ -17,6 +17,7 @@ from . import shapes
 from .chat import conversation
 from .http import Run, ServerState, read_body, read_json, require_serving, stream
 from .infill import check_infill_body
+from .metrics import prometheus_text
 from .apierrors import ApiError
 from .fields import boolean, pick_fields, string
 from .openai_api import chat_messages, completion_tokens
@@ -90,8 +91,9 @@ async def infill(request: Request, state: ServerState) -> Response:
 
 
 async def health(request: Request, state: ServerState) -> Response:
-    require_serving(state)  # the truth: 503 while loading, shutting down, or unable to generate
-    return JSONResponse({"status": "ok"})
+    if state.router.single:
+        require_serving(state)  # the truth: 503 while loading, shutting down, or unable to generate
+    return JSONResponse({"status": "ok"})  # several models: the server is up; each model's state in /models
 
 
 async def props(request: Request, state: ServerState) -> Response:
@@ -164,16 +166,25 @@ async def detokenize(request: Request, state: ServerState) -> Response:
 
 
 async def metrics(request: Request, state: ServerState) -> Response:
-    batcher = state.server.engine.batcher
-    swapped = batcher.swap.moves if batcher is not None else 0
-    return PlainTextResponse(state.server.metrics.prometheus(swapped), media_type="text/plain; version=0.0.4")
+    """llama-server's counters; with several models, each loaded model's with a `model` label."""
+    router = state.router
+    if router.single:
+        require_serving(state)
+    groups = []
+    for slot, s in router.loaded_states():
+        if s.server is None:
+            continue
+        batcher = s.server.engine.batcher
+        swapped = batcher.swap.moves if batcher is not None else 0
+        groups.append(("" if router.single else f'model="{slot.entry.name}"', s.server.metrics.samples(swapped)))
+    return PlainTextResponse(prometheus_text(groups), media_type="text/plain; version=0.0.4")
 
 
 ROUTES = [
-    ("/health", health, ["GET"]), ("/v1/health", health, ["GET"]),
+    ("/health", health, ["GET"], {"needs_model": False}), ("/v1/health", health, ["GET"], {"needs_model": False}),
     ("/completion", completion, ["POST"]), ("/completions", completion, ["POST"]),
     ("/infill", infill, ["POST"]), ("/props", props, ["GET"]),
     ("/tokenize", tokenize, ["POST"]), ("/detokenize", detokenize, ["POST"]),
     ("/apply-template", apply_template, ["POST"]),
-    ("/metrics", metrics, ["GET"]),
+    ("/metrics", metrics, ["GET"], {"needs_model": False}),
 ]

@@ -44,6 +44,10 @@ class Metrics:
 
     def prometheus(self, swapped: int = 0) -> str:
         """swapped: sequences moved out of a full cache to wait for cells (swap.py), since the start."""
+        return prometheus_text([("", self.samples(swapped))])
+
+    def samples(self, swapped: int = 0) -> list[tuple[str, str, str, str, float]]:
+        """(name, kind, help, labels, value) rows; labels as Prometheus writes them inside braces."""
         with self.lock:
             rows = [
                 ("llamacpp:prompt_tokens_total", "counter", "Number of prompt tokens processed.", self.prompt_tokens),
@@ -68,11 +72,30 @@ class Metrics:
                 ("localspec:sequences_swapped_total", "counter", "Sequences that waited for cells out of a full cache.",
                  swapped),
             ]
-            lines = []
-            for name, kind, help_, value in rows:
-                lines += [f"# HELP {name} {help_}", f"# TYPE {name} {kind}", f"{name} {value}"]
+            out = [(name, kind, help_, "", value) for name, kind, help_, value in rows]
             for metric, col, help_ in (("localspec:draft_tokens_total", 0, "Draft tokens proposed, by drafter."),
                                        ("localspec:draft_tokens_accepted_total", 1, "Draft tokens accepted, by drafter.")):
-                lines += [f"# HELP {metric} {help_}", f"# TYPE {metric} counter"]
-                lines += [f'{metric}{{drafter="{d}"}} {v[col]}' for d, v in sorted(self.by_drafter.items())]
-        return "\n".join(lines) + "\n"
+                out += [(metric, "counter", help_, f'drafter="{d}"', v[col]) for d, v in sorted(self.by_drafter.items())]
+                if not self.by_drafter:
+                    out.append((metric, "counter", help_, None, 0))  # HELP and TYPE with no sample yet
+        return out
+
+
+def prometheus_text(groups: list[tuple[str, list]]) -> str:
+    """Prometheus's text format for several sources' samples: (extra label such as 'model="x"', samples);
+    each metric's HELP and TYPE once, then its samples from every source."""
+    order, by_name = [], {}
+    for extra, samples in groups:
+        for name, kind, help_, labels, value in samples:
+            if name not in by_name:
+                order.append(name)
+                by_name[name] = ([f"# HELP {name} {help_}", f"# TYPE {name} {kind}"], [])
+            if labels is None:
+                continue
+            both = ",".join(x for x in (extra, labels) if x)
+            by_name[name][1].append(f"{name}{{{both}}} {value}" if both else f"{name} {value}")
+    lines = []
+    for name in order:
+        head, rows = by_name[name]
+        lines += head + rows
+    return "\n".join(lines) + "\n"

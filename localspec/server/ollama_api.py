@@ -2,8 +2,9 @@
 `llm-ollama` speak): /api/chat and /api/generate streamed as NDJSON by default, /api/tags, /api/show,
 /api/ps, /api/version, and "Ollama is running" at the base address.
 
-One pair is served whatever model a request names, as elsewhere in this server. Model management
-(/api/pull, /api/create, /api/delete, ...) is refused with an error that names `localspec pull`.
+A request's `model` picks the model (any name when the server has one); the model list, pull and
+delete are `ollama_models`. /api/create, /api/push and /api/copy are refused with an error that names
+`localspec pull`.
 Options this engine has no sampler for (repeat_penalty, mirostat, ...) are ignored, as Ollama ignores
 options a model does not use; `num_ctx` cannot change a loaded context and is ignored too.
 """
@@ -22,14 +23,15 @@ from . import shapes
 from .chat import LENGTH, ChatRequest, End, Text, ToolCall, open_chat
 from .http import ServerState, read_body
 from .apierrors import ApiError
-from .fields import boolean, string
+from .fields import boolean, keep_alive_seconds, string
+from .ollama_models import loaded_entry
 from .settings import LOCALSPEC_FIELDS, gen_settings
 from .tools import call_arguments, tool_request
 
 VERSION = "0.12.6"  # the Ollama API level answered here (clients compare it against their minimum)
 OPTIONS = {"temperature": "temperature", "top_p": "top_p", "top_k": "top_k", "min_p": "min_p", "seed": "seed",
            "stop": "stop"}  # Ollama option -> generation field (num_predict is below)
-MANAGEMENT = ("pull", "push", "create", "copy", "delete", "blobs/{digest}")
+MANAGEMENT = ("push", "create", "copy", "blobs/{digest}")
 
 
 def errors(e: ApiError) -> dict:
@@ -181,8 +183,9 @@ async def generate(request: Request, state: ServerState) -> Response:
     _images(body, "the request")
     if body.get("template"):
         raise ApiError(400, '"template" is not supported: the GGUF\'s own chat template is used (or "raw": true)')
-    if not prompt and not suffix:  # Ollama's way to load a model: it is loaded already
-        return JSONResponse({"model": model, "created_at": _now(), "response": "", "done": True, "done_reason": "load"})
+    if not prompt and not suffix:  # Ollama's way to load a model (loaded by now), or with keep_alive 0 to unload it
+        reason = "unload" if keep_alive_seconds(body.get("keep_alive")) == 0 else "load"
+        return JSONResponse({"model": model, "created_at": _now(), "response": "", "done": True, "done_reason": reason})
     chat = ChatRequest(cfg, extras)
     if suffix:
         chat.prompt = _fim(state, prompt, suffix, cfg)
@@ -193,35 +196,7 @@ async def generate(request: Request, state: ServerState) -> Response:
     return await _reply(request, state, chat, model, chat_api=False)
 
 
-# --- the model list and information --------------------------------------------------------------------
-def _details(state: ServerState) -> dict:
-    m = state.server.model
-    arch = m.meta("general.architecture") or ""
-    quant = m.path.stem.rsplit("-", 1)[-1].upper()  # "...-instruct-q4_k_m.gguf" -> "Q4_K_M", as Ollama names it
-    return {"parent_model": "", "format": "gguf", "family": arch, "families": [arch] if arch else None,
-            "parameter_size": m.meta("general.size_label") or "", "quantization_level": quant}
-
-
-def _entry(state: ServerState, name: str) -> dict:
-    m = state.server.model
-    size = m.path.stat().st_size if m.path.exists() else 0
-    mtime = dt.datetime.fromtimestamp(m.path.stat().st_mtime if m.path.exists() else 0, dt.timezone.utc)
-    return {"name": name, "model": name, "modified_at": mtime.isoformat().replace("+00:00", "Z"), "size": size,
-            "digest": f"{abs(hash(str(m.path))):064x}"[-64:], "details": _details(state)}
-
-
-async def tags(request: Request, state: ServerState) -> Response:
-    names = [state.model_id, *sorted(state.aliases - {state.model_id})]
-    return JSONResponse({"models": [_entry(state, n) for n in names]})
-
-
-async def ps(request: Request, state: ServerState) -> Response:
-    far = dt.datetime(2318, 1, 1, tzinfo=dt.timezone.utc).isoformat().replace("+00:00", "Z")  # loaded until stopped
-    e = _entry(state, state.model_id)
-    return JSONResponse({"models": [{**e, "expires_at": far, "size_vram": 0,
-                                     "context_length": state.server.engine.target.n_ctx}]})
-
-
+# --- information about a model --------------------------------------------------------------------
 async def show(request: Request, state: ServerState) -> Response:
     body = await read_body(request)
     srv, m = state.server, state.server.model
@@ -229,9 +204,10 @@ async def show(request: Request, state: ServerState) -> Response:
     caps = ["completion", "tools"] + (["insert"] if m.fim_tokens() else [])
     info = {"general.architecture": arch, f"{arch}.context_length": srv.engine.target.n_ctx,
             "general.parameter_count": _param_count(m)}
+    e = loaded_entry(state, state.model_id)
     return JSONResponse({"modelfile": f"# served by localspec: {m.path.name}\n", "parameters": "",
-                         "template": srv.engine.chat_template() or "", "details": _details(state),
-                         "model_info": info, "capabilities": caps, "modified_at": _entry(state, state.model_id)["modified_at"],
+                         "template": srv.engine.chat_template() or "", "details": e["details"],
+                         "model_info": info, "capabilities": caps, "modified_at": e["modified_at"],
                          "model": string(body, "model") or state.model_id})
 
 
@@ -252,8 +228,8 @@ async def root(request: Request, state: ServerState) -> Response:
 
 
 async def management(request: Request, state: ServerState) -> Response:
-    raise ApiError(501, f"{request.url.path} is not served: this server serves one pair, chosen when it starts; "
-                        "download models with `localspec pull NAME` and start `localspec serve` with them")
+    raise ApiError(501, f"{request.url.path} is not served: localspec serves the GGUF models it finds on this "
+                        "machine; fetch one with `localspec pull NAME` (or POST /api/pull)")
 
 
 async def not_supported(request: Request, state: ServerState) -> Response:
@@ -262,8 +238,8 @@ async def not_supported(request: Request, state: ServerState) -> Response:
 
 ROUTES = [
     ("/api/chat", chat, ["POST"]), ("/api/generate", generate, ["POST"]),
-    ("/api/tags", tags, ["GET", "HEAD"]), ("/api/ps", ps, ["GET"]), ("/api/show", show, ["POST"]),
+    ("/api/show", show, ["POST"]),
     ("/api/version", version, ["GET"], {"needs_model": False}),
-    *((f"/api/{p}", management, ["POST", "DELETE", "HEAD"]) for p in MANAGEMENT),
+    *((f"/api/{p}", management, ["POST", "DELETE", "HEAD"], {"needs_model": False}) for p in MANAGEMENT),
     ("/api/embed", not_supported, ["POST"]), ("/api/embeddings", not_supported, ["POST"]),
 ]

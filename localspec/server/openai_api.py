@@ -13,7 +13,7 @@ from ..chat_format import Message
 from . import shapes
 from .apierrors import ApiError
 from .chat import LENGTH, TOOL_CALLS, ChatRequest, End, Idle, Text, ToolCall, end_of, open_chat
-from .http import KEEPALIVE, KEEPALIVE_S, Run, ServerState, read_body, stream
+from .http import KEEPALIVE, KEEPALIVE_S, Run, ServerState, read_body, require_serving, stream
 from .fields import _MISSING, boolean
 from .settings import gen_settings
 from .tools import call_arguments, tool_request
@@ -83,18 +83,34 @@ async def completions(request: Request, state: ServerState) -> Response:
 
 
 async def models(request: Request, state: ServerState) -> Response:
-    m = state.server.model
-    meta = {"n_vocab": m.n_vocab, "n_ctx": state.server.engine.target.n_ctx,
-            "size": m.path.stat().st_size if m.path.exists() else None}
-    return JSONResponse({"object": "list", "data": [
-        {"id": state.model_id, "object": "model", "created": 0, "owned_by": "localspec",
-         "aliases": sorted(state.aliases - {state.model_id}), "meta": meta}]})
+    """One model (its names as aliases), or with several every model the server has, each with
+    llama-server's router `status` (unloaded, loading, loaded, failed)."""
+    router = state.router
+    if router.single:
+        require_serving(state)
+        return JSONResponse({"object": "list", "data": [_model_entry(state.model_id, state.aliases, state)]})
+    data = []
+    for slot in router.slots:
+        entry = _model_entry(slot.entry.name, slot.entry.aliases, slot.state if slot.status == "loaded" else None)
+        entry["status"] = {"value": slot.status, **({"error": slot.error} if slot.error else {})}
+        data.append(entry)
+    return JSONResponse({"object": "list", "data": data})
+
+
+def _model_entry(model_id: str, aliases: set[str], state: ServerState | None) -> dict:
+    out = {"id": model_id, "object": "model", "created": 0, "owned_by": "localspec",
+           "aliases": sorted(aliases - {model_id})}
+    if state is not None and state.server is not None:
+        m = state.server.model
+        out["meta"] = {"n_vocab": m.n_vocab, "n_ctx": state.server.engine.target.n_ctx,
+                       "size": m.path.stat().st_size if m.path.exists() else None}
+    return out
 
 
 ROUTES = [
     ("/v1/chat/completions", chat_completions, ["POST"]), ("/chat/completions", chat_completions, ["POST"]),
     ("/v1/completions", completions, ["POST"]),
-    ("/v1/models", models, ["GET"]), ("/models", models, ["GET"]),
+    ("/v1/models", models, ["GET"], {"needs_model": False}), ("/models", models, ["GET"], {"needs_model": False}),
 ]
 
 

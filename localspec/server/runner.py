@@ -3,20 +3,24 @@ pair loads in a thread, then serve until Ctrl-C, which cancels what runs and clo
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import os
 import socket
 import sys
 import threading
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
 from ..errors import ConfigError, LocalspecError
 from ..fim_windows import EditorSettings
+from ..models.catalog import CatalogEntry
 from ..session import GenChoice, ModelChoice, Session
 from . import DEFAULT_PORT  # noqa: F401  (re-exported for the CLI)
 from .app import ServerState, create_app
 from .guard import GuardRules, is_loopback_name
+from .router import Budget, Limits, LoadRecipe, Router, Slot, begin_shutdown_all
 from .worker import ServerSession
 
 UNLIMITED_TOKENS = 1 << 30  # like llama-server's n_predict -1: until EOS, a stop, or the context is full
@@ -64,44 +68,77 @@ def load_into(state: ServerState, models: ModelChoice, gen: GenChoice, notify: C
     return True
 
 
-def serve(models: ModelChoice, gen: GenChoice, host: str, port: int, api_key: str | None,
-          notify: Callable[[str], None], on_listen: Callable[[str], None], log_requests: bool = False,
-          cors: list[str] | None = None, editor: EditorSettings | None = None, webui: bool = True) -> int:
-    import uvicorn
+@dataclass
+class ServeOptions:
+    """What `localspec serve` was asked for beyond the models and the generation defaults."""
+    host: str = "127.0.0.1"
+    port: int = 8012
+    api_key: str | None = None
+    log_requests: bool = False
+    cors: list[str] = field(default_factory=list)
+    editor: EditorSettings | None = None
+    webui: bool = True
+    catalog: list[CatalogEntry] | None = None  # serve these models (None: the one pair chosen)
+    limits: Limits = field(default_factory=Limits)
+    budget: Budget = field(default_factory=Budget)
 
+
+def bind_checked(host: str, port: int, api_key: str | None) -> socket.socket:
     if not is_loopback(host) and not api_key:
         raise ConfigError(f"--host {host} would let other machines use the models; add --api-key KEY (or bind "
                           "to 127.0.0.1)")
-    sock = bind(host, port)
-    state = ServerState(api_key=api_key, webui=webui)
+    return bind(host, port)
+
+
+def make_router(state: ServerState, models: ModelChoice, gen: GenChoice, notify: Callable[[str], None],
+                opts: ServeOptions) -> Router:
+    def load(st: ServerState, choice: ModelChoice, g: GenChoice) -> bool:
+        return load_into(st, choice, g, notify, opts.editor, opts.log_requests)
+    entries = opts.catalog or [CatalogEntry(models.pair or Path(models.target or "localspec").stem, pair=models.pair)]
+    slots = [Slot(e) for e in entries]
+    return Router(slots, LoadRecipe(models, gen, load, notify), state, opts.limits, opts.budget, opts.catalog)
+
+
+def serve(models: ModelChoice, gen: GenChoice, notify: Callable[[str], None], on_listen: Callable[[str], None],
+          opts: ServeOptions) -> int:
+    import uvicorn
+
+    host = opts.host
+    sock = bind_checked(host, opts.port, opts.api_key)
+    state = ServerState(api_key=opts.api_key, webui=opts.webui)
+    router = state.router = make_router(state, models, gen, notify, opts)
     failed = threading.Event()
-    freed = threading.Event()  # the models were closed; unset: the generation thread is still in llama.cpp
 
     class Server(uvicorn.Server):
-        def handle_exit(self, sig, frame):  # a signal handler: hand the work to a thread, take no locks here
-            if state.server is not None and not state.server.closing:
-                threading.Thread(target=state.server.begin_shutdown, name="localspec-stop", daemon=True).start()
+        def handle_exit(self, sig, frame):  # a signal handler: hand the work to threads, take no locks here
+            begin_shutdown_all(router)
             super().handle_exit(sig, frame)
+
+    def loaded(task) -> None:
+        if not task.cancelled() and task.exception() is not None:
+            notify(f"error: {task.exception()}")
+        if router.single and router.default.status != "loaded":
+            failed.set()
+            server.should_exit = True
 
     @contextlib.asynccontextmanager
     async def lifespan(app):
-        def load():
-            if load_into(state, models, gen, notify, editor, log_requests):
-                notify(f"ready: {state.model_id} ({state.server.session.selection.describe()})")
-            else:
-                failed.set()
-                server.should_exit = True
-        threading.Thread(target=load, name="localspec-load", daemon=True).start()
+        router.start()
+        if opts.catalog:
+            notify(f"serving {len(router.slots)} models: " + ", ".join(s.entry.name for s in router.slots))
+        first = asyncio.ensure_future(router.ensure_loaded(router.default))
+        first.add_done_callback(loaded)
         yield
+        await router.stop()
         if state.history is not None:
             state.history.close()
-        if state.server is None or state.server.close():
-            freed.set()
+        freed.append(router.close_all())
 
-    rules = GuardRules(api_key=api_key, bind_host=host, cors=list(cors or []))
+    freed: list[bool] = []
+    rules = GuardRules(api_key=opts.api_key, bind_host=host, cors=list(opts.cors or []))
     # streams end at the first signal (begin_shutdown), so a second of grace is plenty
-    config = uvicorn.Config(create_app(state, lifespan, rules), log_level="info" if log_requests else "warning",
-                            access_log=log_requests, timeout_graceful_shutdown=1, lifespan="on")
+    config = uvicorn.Config(create_app(state, lifespan, rules), log_level="info" if opts.log_requests else "warning",
+                            access_log=opts.log_requests, timeout_graceful_shutdown=1, lifespan="on")
     server = Server(config)
     shown = f"[{host}]" if ":" in host else host
     on_listen(f"http://{shown}:{sock.getsockname()[1]}")
@@ -112,9 +149,9 @@ def serve(models: ModelChoice, gen: GenChoice, host: str, port: int, api_key: st
     finally:
         sock.close()
     if failed.is_set():
-        raise LocalspecError(state.load_error or "the models did not load")
-    if state.server is not None and not freed.is_set():
-        # the generation thread is inside a llama.cpp pass that cannot be interrupted (a long prompt):
+        raise LocalspecError(router.default.error or state.load_error or "the models did not load")
+    if freed and not all(freed):
+        # a generation thread is inside a llama.cpp pass that cannot be interrupted (a long prompt):
         # exiting the interpreter under it can crash in llama.cpp's teardown, so leave at once, cleanly
         sys.stdout.flush()
         sys.stderr.flush()

@@ -209,8 +209,15 @@ class ServerSession:
         """Whether other programs used the CPU since the last look: idle measurements wait for a machine
         that is idle, not only a server (one ran beside another server's answer and slowed it several
         times over, its own figures then thrown away as noise)."""
+        if self.neighbours_busy():  # another model of this server answers: its CPU counts as this process's
+            return True
         busy = self.idle_watch.others_busy() if self.idle_watch is not None else None
         return busy is not None and busy >= OTHERS_BUSY
+
+    @staticmethod
+    def neighbours_busy() -> bool:
+        """Replaced by the router with several models (router.Router.busy_besides)."""
+        return False
 
     def _finish_warmup(self, lane) -> None:
         """Idle: go on evaluating the warm-up a request interrupted, giving way again to any job."""

@@ -1,0 +1,305 @@
+"""Several models behind one server, as Ollama and llama-server's router serve them: each request's
+`model` picks one; a model loads on the first request that names it (one load at a time) and unloads
+when `keep_alive` or `--idle-unload` runs out, when `POST /models/unload` or `keep_alive: 0` asks, or
+when a new one needs its place (`--models-max`, the memory budget: least recently used first, never
+one with a request running or waiting). With one model served, every name is that model (the
+single-model contract: llama.vim sends "", aider "gpt-4o"). Each loaded model is its own
+`ServerState` (its `ServerSession`: lanes, caches, pass costs, n-gram memory, metrics)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import re
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Callable
+
+from ..errors import LocalspecError
+from ..machine import memory_bytes, process_rss
+from ..models.catalog import CatalogEntry
+from ..session import SERVE_CTX_FIT, GenChoice, ModelChoice, fit_tokens, kv_bytes_per_token
+from .apierrors import ApiError
+from .state import ServerState
+
+UNLOAD_WAIT_S = 30.0  # an idle model's threads leave llama.cpp within a pass; a measurement may take longer
+EXPIRY_TICK_S = 1.0
+BAD_NAME = re.compile(r"(^|[/\\])\.\.($|[/\\])|^[/\\~]|\x00")  # a path, `..`, or a NUL is never a model name
+
+
+@dataclass
+class Slot:
+    """One catalog entry's place in the router."""
+    entry: CatalogEntry
+    state: ServerState | None = None  # set while loaded
+    status: str = "unloaded"  # unloaded | loading | loaded | failed
+    error: str | None = None
+    loading: asyncio.Future | None = None
+    last_used: float = 0.0
+    expires_at: float | None = None  # monotonic; None: until evicted or asked to unload
+    pending: int = 0  # requests routed here whose job is not queued yet
+    unload_when_idle: bool = False
+    estimate: int = 0  # bytes the load was expected to take (weights, KV, buffers)
+    loaded_at: float = 0.0
+
+    @property
+    def busy(self) -> bool:
+        srv = self.state.server if self.state is not None else None
+        return self.pending > 0 or (srv is not None and (bool(srv.jobs.running) or srv.jobs.qsize() > 0))
+
+
+@dataclass
+class Limits:
+    models_max: int = 4  # llama-server's router default
+    memory: int | None = None  # bytes the process may hold (--models-memory); None: what is free, per load
+    idle_unload_s: float | None = None  # --idle-unload; None: stay loaded
+
+
+@dataclass
+class Budget:
+    """Memory for models: `--models-memory` bytes for the whole process, else what is free at each load."""
+    limit: int | None = None
+    overhead: int = 320 << 20  # per model beyond weights and KV: compute buffers, logits, the session's arrays
+    reserve: int = 512 << 20  # without a limit: left free for the rest of the machine
+    wait_s: float = 60.0  # how long a load waits for a busy model to free its place before a 503
+
+    def room(self, rss: int) -> int:
+        if self.limit is not None:
+            return self.limit - rss
+        free = memory_bytes()["available"]
+        return free - self.reserve if free else 1 << 62
+
+
+@dataclass
+class LoadRecipe:
+    """How every model is loaded: the user's choices, with each entry's files put in."""
+    choice: ModelChoice
+    gen: GenChoice
+    load: Callable  # (state, ModelChoice, GenChoice) -> bool, setting state.server or state.load_error
+    notify: Callable[[str], None] = print
+
+
+@dataclass
+class Router:
+    slots: list[Slot]
+    recipe: LoadRecipe
+    shared: ServerState  # the app's state: the key, the page, the default model's ServerSession
+    limits: Limits = field(default_factory=Limits)
+    budget: Budget = field(default_factory=Budget)
+    catalog: list[CatalogEntry] | None = None  # several models found offline; None: the one chosen at start
+
+    def __post_init__(self):
+        self._load_lock: asyncio.Lock | None = None
+        self._expiry: asyncio.Task | None = None
+        self.loads = 0  # completed loads, for /metrics
+        self.base_rss = process_rss()  # the server before any model: counted in the budget
+
+    @property
+    def single(self) -> bool:
+        """One model, chosen at start (`localspec serve NAME`, or the only one found): every name is it."""
+        return self.catalog is None
+
+    def rescan(self) -> None:
+        """Models pulled or deleted while serving: new ones listed, unloaded ones whose files went dropped."""
+        if self.single:
+            return
+        from ..models.catalog import find_models
+
+        found = {e.name: e for e in find_models()}
+        self.slots = [s for s in self.slots if s.entry.name in found or s.status == "loaded"]
+        known = {s.entry.name for s in self.slots}
+        self.slots += [Slot(e) for name, e in found.items() if name not in known]
+
+    @property
+    def default(self) -> Slot:
+        return self.slots[0]
+
+    # --- finding ---------------------------------------------------------------------------------
+    def find(self, name: str | None) -> Slot:
+        """The slot a request's `model` names: any name when one model is served; else the exact name,
+        an alias, `name:latest` or Ollama's `name:tag`; empty or missing: the default."""
+        if self.single or not name:
+            return self.default
+        if BAD_NAME.search(name):
+            raise ApiError(400, f'"model" {name!r} is a path, not a model name; GET /v1/models lists the names')
+        wanted = [name, name.lower()]
+        if ":" in name:
+            base, tag = name.rsplit(":", 1)
+            wanted += [base, f"{base}-{tag}", base.lower(), f"{base}-{tag}".lower()]
+        for w in wanted:
+            for slot in self.slots:
+                if slot.entry.find(w):
+                    return slot
+        names = ", ".join(s.entry.name for s in self.slots)
+        raise ApiError(404, f"model '{name}' not found; this server has: {names}", "not_found_error")
+
+    def busy_besides(self, slot: Slot) -> bool:
+        """Another loaded model answers: a model's idle measurements wait for it (same process, same cores)."""
+        return any(s.busy for s in list(self.slots) if s is not slot and s.status == "loaded")
+
+    def last_used_name(self) -> str | None:
+        loaded = [s for s in self.slots if s.status == "loaded"]
+        return max(loaded, key=lambda s: s.last_used).entry.name if loaded else None
+
+    # --- using -----------------------------------------------------------------------------------
+    @contextlib.asynccontextmanager
+    async def use(self, name: str | None, keep_alive: float | None = None):
+        """The loaded state of the named model for one request (loading it first), held against eviction
+        until the request's job is queued; `keep_alive` (seconds; 0: unload after it, < 0: forever)."""
+        slot = self.find(name)
+        slot.pending += 1
+        try:
+            state = await self.ensure_loaded(slot)
+            yield state
+        finally:
+            slot.pending -= 1
+            slot.last_used = time.monotonic()
+            self._set_keep_alive(slot, keep_alive)
+
+    def _set_keep_alive(self, slot: Slot, keep_alive: float | None) -> None:
+        if self.single or slot.status != "loaded":
+            return
+        if keep_alive is None:
+            keep_alive = self.limits.idle_unload_s
+        if keep_alive is None or keep_alive < 0:
+            slot.expires_at = None
+        elif keep_alive == 0:
+            slot.unload_when_idle = True
+        else:
+            slot.expires_at = time.monotonic() + keep_alive
+
+    async def ensure_loaded(self, slot: Slot) -> ServerState:
+        if slot.status == "loaded" and slot.state is not None:
+            return slot.state
+        if self.single and slot.status != "unloaded":  # loading at start: 503 until then, as llama-server
+            return self.shared
+        if slot.loading is None:
+            slot.loading = asyncio.ensure_future(self._load(slot))
+        await asyncio.shield(slot.loading)
+        if slot.status != "loaded":
+            raise ApiError(503 if slot.error is None else 500,
+                           f"model '{slot.entry.name}' could not be loaded: {slot.error or 'unknown reason'}")
+        return slot.state
+
+    async def _load(self, slot: Slot) -> None:
+        if self._load_lock is None:
+            self._load_lock = asyncio.Lock()
+        try:
+            async with self._load_lock:  # one load at a time: the second waits for the first's memory
+                slot.status, slot.error = "loading", None
+                choice = await self._make_room(slot)
+                state = self.shared if slot is self.default else self.shared.sibling()
+                ok = await asyncio.to_thread(self.recipe.load, state, choice, self.recipe.gen)
+                if ok:
+                    state.server.neighbours_busy = lambda: self.busy_besides(slot)
+                    slot.state, slot.status, slot.loaded_at = state, "loaded", time.monotonic()
+                    slot.last_used, slot.unload_when_idle = slot.loaded_at, False
+                    self.loads += 1
+                    self._set_keep_alive(slot, None)
+                    self.recipe.notify(f"ready: {state.model_id} ({state.server.session.selection.describe()})")
+                else:
+                    slot.status, slot.error = "failed", state.load_error or "the model did not load"
+                    if not self.single:
+                        self.recipe.notify(f"error: {slot.entry.name}: {slot.error}")
+        except ApiError as e:  # no room: the model stays unloaded, the next request tries again
+            slot.status, slot.error = "unloaded", None
+            raise
+        except LocalspecError as e:  # its file is missing, truncated or not a GGUF: this model fails, not others
+            slot.status, slot.error = "failed", str(e)
+            self.recipe.notify(f"error: {slot.entry.name}: {e}")
+        finally:
+            slot.loading = None
+
+    async def _make_room(self, slot: Slot) -> ModelChoice:
+        """Evict idle models, least recently used first, until one more fits `--models-max` and the memory
+        budget; waits for busy ones to finish, then answers 503 naming the memory it needs."""
+        if self.single:
+            return self.recipe.choice
+        deadline = time.monotonic() + self.budget.wait_s
+        while True:
+            loaded = [s for s in self.slots if s.status == "loaded"]
+            room = self.budget.room(max(process_rss(), self.base_rss + sum(s.estimate for s in loaded)))
+            choice, need = self.choice_for(slot, room)
+            if len(loaded) < self.limits.models_max and need <= room:
+                slot.estimate = need
+                return choice
+            idle = sorted((s for s in loaded if not s.busy), key=lambda s: s.last_used)
+            if idle:
+                await self.unload(idle[0], why="to make room")
+                continue
+            if time.monotonic() > deadline:
+                raise ApiError(503, f"model '{slot.entry.name}' needs about {need >> 20} MiB and {max(0, room) >> 20} "
+                                    f"MiB are free within the memory budget while every loaded model is busy; try "
+                                    f"again when a request ends", "server_error")
+            await asyncio.sleep(0.25)
+
+    def choice_for(self, slot: Slot, room: int) -> tuple[ModelChoice, int]:
+        """The load options for an entry, with a context whose KV fits `room`, and the bytes it will take."""
+        e, base = slot.entry, self.recipe.choice
+        if self.single:
+            return base, 0
+        choice = dataclasses.replace(base, **e.choice_fields())
+        per_token, trained = kv_bytes_per_token(e.files) if e.files else (0, 0)
+        if base.ctx_size:
+            n_ctx = base.ctx_size
+        else:
+            if not self.single and self.budget.limit is not None:
+                choice.memory_room = max(0, room - e.size - self.budget.overhead)
+            n_ctx = max(e.n_ctx, fit_tokens(per_token, trained, base.ctx_fit or SERVE_CTX_FIT, choice.memory_room))
+        cache = base.cache_ram_mib << 20 if self.budget.limit is not None else 0  # saved prompts may grow to it
+        return choice, e.size + per_token * n_ctx + self.budget.overhead + cache
+
+    async def unload(self, slot: Slot, why: str = "") -> None:
+        state = slot.state
+        if state is None:
+            return
+        slot.status, slot.state, slot.expires_at, slot.unload_when_idle = "unloaded", None, None, False
+        await asyncio.to_thread(state.server.close, UNLOAD_WAIT_S)
+        if state is self.shared:
+            state.server = None  # the default model is loaded again into the app's state
+        self.recipe.notify(f"unloaded {slot.entry.name}" + (f" ({why})" if why else ""))
+
+    # --- background: keep_alive, idle TTL, unload requests ----------------------------------------
+    def start(self) -> None:
+        self._expiry = asyncio.ensure_future(self._expire_loop())
+
+    async def stop(self) -> None:
+        if self._expiry is not None:
+            self._expiry.cancel()
+
+    async def _expire_loop(self) -> None:
+        while True:
+            await asyncio.sleep(EXPIRY_TICK_S)
+            now = time.monotonic()
+            for slot in list(self.slots):
+                if slot.status != "loaded" or slot.busy or self.single:
+                    continue
+                if slot.unload_when_idle or (slot.expires_at is not None and now >= slot.expires_at):
+                    await self.unload(slot, why="keep_alive" if slot.unload_when_idle else "idle")
+
+    def loaded_states(self) -> list[tuple[Slot, ServerState]]:
+        return [(s, s.state) for s in self.slots if s.status == "loaded" and s.state is not None]
+
+    def close_all(self) -> bool:
+        """Shutdown: every model's session closed (False when one is still inside llama.cpp)."""
+        freed = True
+        for slot, state in self.loaded_states():
+            if state.server is not None and not state.server.close():
+                freed = False
+        return freed
+
+
+def placeholder_router(state: ServerState) -> Router:
+    """One model that never loads by itself: what a hand-made state (the page's tests) answers with."""
+    router = Router([Slot(CatalogEntry("localspec"), status="loading")],
+                    LoadRecipe(ModelChoice(), GenChoice(), lambda *args: False), state)
+    return router
+
+
+def begin_shutdown_all(router: Router) -> None:
+    for _, state in router.loaded_states():
+        if state.server is not None and not state.server.closing:
+            threading.Thread(target=state.server.begin_shutdown, name="localspec-stop", daemon=True).start()
+
