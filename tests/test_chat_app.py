@@ -473,3 +473,37 @@ def test_a_conversation_the_page_started_opens_with_its_sources(tiny):
             assert view.text == "the L1 cache" and ("L1 cache", "model") in view.runs
             assert app.system == "Be brief." and [t.role for t in app.turns] == ["user", "assistant"]
     run(go())
+
+
+def test_model_switches_to_another_model_on_this_machine(tiny):
+    """`/models` lists the data root's models; `/model NAME` loads that one and the conversation goes on."""
+    import shutil
+
+    models = paths.ensure(paths.models_dir())
+    shutil.copy(tiny.target, models / "alpha.gguf")
+    shutil.copy(tiny.bad, models / "beta.gguf")
+
+    async def go():
+        app = chat_app(tiny, draft=None, target=str(models / "alpha.gguf"))
+        async with app.run_test(size=SIZE) as pilot:
+            await ready(pilot, app)
+
+            async def cmd(line: str) -> str:
+                before = list(app.query(Notice))[-1]
+                app.query_one(PromptInput).load_text(line)
+                await pilot.press("enter")
+                await wait_until(pilot, lambda: list(app.query(Notice))[-1] is not before, f"the answer to {line}")
+                return str(list(app.query(Notice))[-1].content)
+
+            listed = await cmd("/models")
+            assert "alpha  (n-gram drafts" in listed and "◀ this one" in listed.split("alpha")[1].split("\n")[0]
+            assert "beta  (n-gram drafts" in listed
+            assert "no model 'gamma'" in await cmd("/model gamma")
+            first = (await send(pilot, app, "hello world")).text
+            await cmd("/model beta")
+            await ready(pilot, app)
+            assert app.sel.target == str(models / "beta.gguf") and len(app.turns) == 2
+            second = (await send(pilot, app, "hello world")).text
+            assert second and second != first  # another model's answer, the conversation carried on
+            assert "model: beta.gguf;" in await cmd("/model")
+    run(go())

@@ -25,6 +25,20 @@ class LoadingEvents:
                 return
         self._post(result)
 
+    async def switch_model(self, fields: dict, name: str) -> None:
+        """/model NAME: the conversation stays; the old session closes and the new one loads in its place."""
+        with self._engine_lock:
+            old, self.session = self.session, None
+        if old is not None:
+            old.close()
+        for key, value in fields.items():
+            setattr(self.options.models, key, value)
+        self.loading, self.state, self.load_error = True, State.LOADING, None
+        self._load_started, self._load_text = time.monotonic(), f"loading {name}"
+        await self.say(f"switching to {name}; the conversation goes on with it", "info")
+        self.refresh_status()
+        self._load()
+
     def _post(self, message) -> None:
         try:
             self.post_message(message)

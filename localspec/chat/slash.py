@@ -147,6 +147,45 @@ async def _copy(app, rest: str) -> None:
                     encoding="utf-8")
     await app.say(f"copied the last reply to the clipboard (OSC 52) and saved it to {path}", "ok")
 
+def _catalog():
+    from ..models.catalog import find_models
+
+    return find_models()
+
+
+def _current(app, entry) -> bool:
+    sel = app.sel
+    if sel is None:
+        return False
+    return sel.name == entry.pair if entry.pair else str(entry.target) == sel.target
+
+
+async def _models(app, rest: str) -> None:
+    entries = _catalog()
+    if not entries:
+        await app.say("no models found on this machine; `localspec pull` fetches the default pair", "info")
+        return
+    lines = ["models on this machine (/model NAME switches; `localspec serve` serves them all):"]
+    for e in entries:
+        kind = "pair" if e.pair else f"draft {e.draft.name}" if e.draft else "n-gram drafts"
+        mark = " ◀ this one" if _current(app, e) else ""
+        lines.append(f"  {e.name}  ({kind}, {e.size / 1e9:.2f} GB){mark}")
+    await app.say("\n".join(lines), "info")
+
+
+async def _model(app, rest: str) -> None:
+    if not rest:
+        sel = app.sel
+        await app.say(f"model: {sel.name if sel else 'none loaded'}; /models lists the others", "info")
+        return
+    if app.generating or app.loading:
+        raise ConfigError("wait for the reply (Esc cancels it) or the load to finish, then /model")
+    entry = next((e for e in _catalog() if e.find(rest)), None)
+    if entry is None:
+        raise ConfigError(f"no model {rest!r} on this machine; /models lists them")
+    await app.switch_model(entry.choice_fields(), entry.name)
+
+
 async def _help(app, rest: str) -> None:
     await app.say(help_text(), "info")
 
@@ -176,6 +215,9 @@ COMMANDS = [
     SlashCommand("/new", "/new", "start a new conversation", _new),
     SlashCommand("/history", "/history [ID]", "list saved conversations, or open one", _history),
     SlashCommand("/stats", "/stats", "figures of the last reply", _stats),
+    SlashCommand("/model", "/model [NAME]", "switch to another model on this machine (through the server when one "
+                 "has it)", _model),
+    SlashCommand("/models", "/models", "the models on this machine", _models),
     SlashCommand("/copy", "/copy", "copy the last reply (OSC 52) and save it to a file", _copy),
     SlashCommand("/help", "/help", "this list", _help, ("/?",)),
 ]
