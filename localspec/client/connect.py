@@ -18,11 +18,12 @@ import socket
 import time
 from dataclasses import dataclass, fields
 from pathlib import Path
-from urllib.parse import urlsplit
+from urllib.parse import quote, urlsplit
 
 from ..stats import Stats
 
 PROBE_TIMEOUT_S = 0.1
+LOAD_TIMEOUT_S = 300.0  # a server with several models loads the one asked for before it answers /props
 # The longest silence `run` waits out from a server: a queue ahead of it and a long prompt's evaluation
 # (a minute for thousands of tokens on a small CPU) send nothing for a while; a wedged one must not hang a shell.
 SILENCE_S = 180.0
@@ -43,6 +44,10 @@ class Endpoint:
     host: str
     port: int
     api_key: str | None = None
+    model: str | None = None  # a server with several models: the one every request names
+
+    def payload(self, body: dict) -> bytes:
+        return json.dumps({**body, "model": self.model} if self.model else body).encode()
 
     def connection(self, timeout: float | None) -> http.client.HTTPConnection:
         return http.client.HTTPConnection(self.host, self.port, timeout=timeout)
@@ -71,12 +76,12 @@ def configured_endpoint() -> Endpoint:
         raise ConfigError(f"LOCALSPEC_SERVER={raw!r} is not host:port or a URL; fix it or unset it") from None
 
 
-def probe(ep: Endpoint, budget_s: float = PROBE_TIMEOUT_S) -> dict | None:
+def probe(ep: Endpoint, budget_s: float = PROBE_TIMEOUT_S, path: str = "/props") -> dict | None:
     """The server's /props when a localspec server answers in time, else None (never raises)."""
     t_end = time.monotonic() + budget_s
     try:
         conn = ep.connection(budget_s)
-        conn.request("GET", "/props", headers=ep.headers())
+        conn.request("GET", path, headers=ep.headers())
         conn.sock.settimeout(max(0.01, t_end - time.monotonic()))
         resp = conn.getresponse()
         body = resp.read()
@@ -102,9 +107,32 @@ def find_server(models, notify=None):
     if props is None:
         return None
     sel = select_models(models, notify)
-    if not same_pair(props, sel.target, sel.draft, load_flags(models)):
+    if same_pair(props, sel.target, sel.draft, load_flags(models)):
+        return ep, props, sel
+    listed = served_name(ep, sel)  # a server with several models may have this one too
+    if listed is None:
         return None
-    return ep, props, sel
+    props = probe(Endpoint(ep.host, ep.port, ep.api_key), LOAD_TIMEOUT_S, f"/props?model={quote(listed)}")
+    if props is None or not same_pair(props, sel.target, sel.draft, load_flags(models)):
+        return None
+    return Endpoint(ep.host, ep.port, ep.api_key, listed), props, sel
+
+
+def served_name(ep: Endpoint, sel) -> str | None:
+    """The name a server with several models lists for this selection (its pair name or its file's)."""
+    try:
+        conn = ep.connection(PROBE_TIMEOUT_S * 5)
+        conn.request("GET", "/v1/models", headers=ep.headers())
+        resp = conn.getresponse()
+        data = json.loads(resp.read()) if resp.status == 200 else {}
+        conn.close()
+    except (OSError, http.client.HTTPException, socket.timeout, ValueError):
+        return None
+    wanted = {sel.name, Path(sel.target).stem, Path(sel.target).name}
+    for m in data.get("data", []) if isinstance(data, dict) else []:
+        if isinstance(m, dict) and "status" in m and ({m.get("id"), *m.get("aliases", [])} & wanted):
+            return m.get("id")
+    return None
 
 
 def same_pair(props: dict, target: str, draft: str | None, load: dict | None = None) -> bool:
@@ -152,7 +180,7 @@ def stream_events(ep: Endpoint, path: str, body: dict):
     wait_s = silence_s()
     conn = ep.connection(wait_s)
     try:
-        conn.request("POST", path, body=json.dumps(body).encode(), headers=ep.headers())
+        conn.request("POST", path, body=ep.payload(body), headers=ep.headers())
         resp = conn.getresponse()
         if resp.status != 200:
             raise ServerFailed(error_message(resp.read()))

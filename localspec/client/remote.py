@@ -87,7 +87,7 @@ class RemoteEngine:
     def _post(self, path: str, body: dict) -> dict:
         conn = self.ep.connection(client.silence_s())
         try:
-            conn.request("POST", path, body=json.dumps(body).encode(), headers=self.ep.headers())
+            conn.request("POST", path, body=self.ep.payload(body), headers=self.ep.headers())
             resp = conn.getresponse()
             raw = resp.read()
             if resp.status != 200:
