@@ -266,3 +266,34 @@ def test_the_key_prompt(browser, tiny, tmp_path):
         assert [e for e in w.errors if "401" not in e] == []
     finally:
         assert srv.stop() == 0
+
+
+def test_the_picker_chooses_among_the_servers_models(browser, tiny, tmp_path):
+    """A server with several models: the page lists them, and the one picked answers (loaded on demand)."""
+    import shutil
+
+    models = tmp_path / "models"
+    models.mkdir()
+    shutil.copy(tiny.target, models / "alpha.gguf")
+    shutil.copy(tiny.bad, models / "beta.gguf")
+    srv = ServerProcess(["--models-dir", str(models), "--threads", str(THREADS), "-c", "1024", "-n", "24",
+                         "--temperature", "0"], tmp_path / "home")
+    context = browser.new_context()
+    try:
+        watched = Watched(context)
+        page = watched.page
+        page.goto(srv.url + "/")
+        page.wait_for_selector("#model-pick:not([hidden])", timeout=WAIT_MS)
+        assert page.locator("#model-pick option").all_inner_texts() == ["alpha", "beta (unloaded)"]
+        page.select_option("#model-pick", "beta")
+        expect(page.locator("#model")).to_have_text(re.compile(r"^beta"))
+        reply = ask(page, "hello world")
+        expect(reply.locator(".body")).not_to_be_empty()
+        loaded = {m["id"]: m["status"]["value"] for m in api(srv, "GET", "/v1/models")["data"]}
+        assert loaded["beta"] == "loaded"
+        cid = page.evaluate("location.hash").split("=")[1]
+        assert api(srv, "GET", f"/localspec/conversations/{cid}")["pair"] == "beta"
+        assert watched.errors == []
+    finally:
+        context.close()
+        assert srv.stop() == 0, srv.output()

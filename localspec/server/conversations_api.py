@@ -81,8 +81,12 @@ async def list_conversations(request: Request, state: ServerState) -> Response:
 
 async def create(request: Request, state: ServerState) -> Response:
     body = await read_json(request)
-    sel = state.server.session.selection if state.server is not None else None
-    cid = await in_store(state, "new_conversation", pair=state.model_id, target=sel.target if sel else None,
+    served, name = state, state.model_id
+    if string(body, "model") and not state.router.single:  # the page's picker: the model that will answer
+        slot = state.router.find(string(body, "model"))
+        served, name = slot.state or state.sibling(), slot.entry.name
+    sel = served.server.session.selection if served.server is not None else None
+    cid = await in_store(state, "new_conversation", pair=name, target=sel.target if sel else None,
                          draft=sel.draft if sel else None, system=string(body, "system"),
                          settings=_settings(body), title=_title(body) or "")
     conv = await in_store(state, "get", cid)

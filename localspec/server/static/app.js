@@ -14,7 +14,7 @@ const SAVE_EVERY_MS = 1000; // a reply in flight is written this often (a closed
 const REDRAW_EVERY_MS = 250;
 const SETTINGS = ["temperature", "max_tokens", "spec", "k"];
 
-const state = { conv: null, defaults: {}, running: null, attachments: [], sources: true };
+const state = { conv: null, defaults: {}, running: null, attachments: [], sources: true, model: null };
 
 // --- the server's defaults -----------------------------------------------------------------------
 function banner(text, kind = "error") {
@@ -27,11 +27,13 @@ function banner(text, kind = "error") {
 async function loadDefaults() {
   for (;;) {
     try {
-      const props = await withKey(() => call("GET", "/props"));
+      const query = state.model ? "?model=" + encodeURIComponent(state.model) : "";
+      const props = await withKey(() => call("GET", "/props" + query));
       const p = props.default_generation_settings.params;
       state.defaults = { temperature: p.temperature, max_tokens: p.n_predict, spec: p.spec, k: p["speculative.n_max"] };
       const draft = props.localspec?.draft ? " · draft " + props.localspec.draft.split("/").pop() : " · n-gram drafts";
-      $("model").textContent = props.model_alias + draft;
+      await listModels(props.model_alias);
+      $("model").textContent = props.model_alias + draft; // last: the page is ready once the model shows
       banner("");
       return;
     } catch (e) {
@@ -39,6 +41,33 @@ async function loadDefaults() {
       banner("The server is loading its model: " + e.message, "info");
       await new Promise((r) => setTimeout(r, 1000));
     }
+  }
+}
+
+// With several models on the server, a picker: the chosen one answers (loaded on demand by the server).
+async function listModels(current) {
+  const list = await withKey(() => call("GET", "/v1/models"));
+  const pick = $("model-pick");
+  if (list.data.length < 2) return;
+  pick.replaceChildren(...list.data.map((m) => {
+    const o = document.createElement("option");
+    const status = m.status?.value;
+    o.value = m.id;
+    o.textContent = m.id + (status && status !== "loaded" ? ` (${status})` : "");
+    return o;
+  }));
+  state.model = state.model || current;
+  pick.value = state.model;
+  pick.hidden = false;
+}
+
+async function pickModel() {
+  state.model = $("model-pick").value;
+  banner("Loading " + state.model + "…", "info");
+  try {
+    await loadDefaults();
+  } catch (e) {
+    banner(e.message);
   }
 }
 
@@ -176,7 +205,7 @@ async function send() {
   state.attachments = [];
   showAttachments();
   const art = addView({ role: "user", content: text });
-  const fields = { system: $("set-system").value || null, settings: readSettings() };
+  const fields = { system: $("set-system").value || null, settings: readSettings(), model: state.model };
   const conv = state.conv;
   const writePrompt = () => (conv ? Promise.resolve(conv) : withKey(() => conversations.create(fields)).then((c) => {
     state.conv = c;
@@ -208,6 +237,7 @@ function turns() {
 function requestBody() {
   const s = readSettings();
   const body = { messages: turns() };
+  if (state.model) body.model = state.model;
   if (s.temperature !== undefined) body.temperature = s.temperature;
   if (s.max_tokens !== undefined) body.max_tokens = s.max_tokens;
   if (s.spec) body.spec = s.spec;
@@ -428,6 +458,7 @@ function wire() {
     else if (e.ctrlKey && e.key.toLowerCase() === "k") { e.preventDefault(); $("search").focus(); }
   });
   window.addEventListener("hashchange", route);
+  $("model-pick").addEventListener("change", pickModel);
 }
 
 async function main() {
