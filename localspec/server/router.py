@@ -61,7 +61,7 @@ class Limits:
 class Budget:
     """Memory for models: `--models-memory` bytes for the whole process, else what is free at each load."""
     limit: int | None = None
-    overhead: int = 320 << 20  # per model beyond weights and KV: compute buffers, logits, the session's arrays
+    overhead: int = 96 << 20  # per model beyond weights, KV and logits: compute buffers, the session's arrays
     reserve: int = 512 << 20  # without a limit: left free for the rest of the machine
     wait_s: float = 60.0  # how long a load waits for a busy model to free its place before a 503
 
@@ -229,27 +229,34 @@ class Router:
             if idle:
                 await self.unload(idle[0], why="to make room")
                 continue
-            if time.monotonic() > deadline:
+            if not loaded or time.monotonic() > deadline:  # nothing to wait for, or waited long enough
                 raise ApiError(503, f"model '{slot.entry.name}' needs about {need >> 20} MiB and {max(0, room) >> 20} "
-                                    f"MiB are free within the memory budget while every loaded model is busy; try "
-                                    f"again when a request ends", "server_error")
+                                    f"MiB are free within the memory budget (--models-memory) with every other model "
+                                    f"busy or unloaded; try again when a request ends, or raise the budget",
+                               "server_error")
             await asyncio.sleep(0.25)
 
     def choice_for(self, slot: Slot, room: int) -> tuple[ModelChoice, int]:
-        """The load options for an entry, with a context whose KV fits `room`, and the bytes it will take."""
+        """The load options for an entry, with a context whose KV fits `room` (and under --models-memory a
+        prompt cache of at most half what is left), and the bytes it will take at most."""
         e, base = slot.entry, self.recipe.choice
         if self.single:
             return base, 0
         choice = dataclasses.replace(base, **e.choice_fields())
         per_token, trained = kv_bytes_per_token(e.files) if e.files else (0, 0)
+        fixed = e.size + self.budget.overhead + logits_bytes(e.files)
+        limited = self.budget.limit is not None
         if base.ctx_size:
             n_ctx = base.ctx_size
         else:
-            if not self.single and self.budget.limit is not None:
-                choice.memory_room = max(0, room - e.size - self.budget.overhead)
+            if limited:
+                choice.memory_room = max(0, room - fixed)
             n_ctx = max(e.n_ctx, fit_tokens(per_token, trained, base.ctx_fit or SERVE_CTX_FIT, choice.memory_room))
-        cache = base.cache_ram_mib << 20 if self.budget.limit is not None else 0  # saved prompts may grow to it
-        return choice, e.size + per_token * n_ctx + self.budget.overhead + cache
+        need = fixed + per_token * n_ctx
+        if limited:  # saved prompts grow to their limit: it is part of the model's share
+            choice.cache_ram_mib = min(base.cache_ram_mib, max(0, room - need) // 2 >> 20)
+            need += choice.cache_ram_mib << 20
+        return choice, need
 
     async def unload(self, slot: Slot, why: str = "") -> None:
         state = slot.state
@@ -289,6 +296,14 @@ class Router:
             if state.server is not None and not state.server.close():
                 freed = False
         return freed
+
+
+def logits_bytes(files: list) -> int:
+    """A batch's logits, float32 for every token of the vocabulary, in each model of the entry."""
+    from ..config import LoadConfig
+    from ..models.check import vocab_info_from_header
+
+    return sum(4 * LoadConfig().n_batch * vocab_info_from_header(p).n_tokens for p in files)
 
 
 def placeholder_router(state: ServerState) -> Router:
