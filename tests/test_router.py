@@ -54,6 +54,7 @@ def wait_until(check, timeout: float = 30.0) -> None:
 
 
 def test_every_model_listed_and_each_answers_by_name(server):
+    wait_until(lambda: statuses(server)["alpha"] != "loading")  # /health is 200 at once; the default loads
     assert statuses(server) == {"alpha": "loaded", "beta": "unloaded", "broken": "unloaded", "gamma": "unloaded"}
     client = openai.OpenAI(base_url=server.url + "/v1", api_key="none", max_retries=0)
     assert [m.id for m in client.models.list()] == ["alpha", "beta", "broken", "gamma"]
@@ -66,7 +67,9 @@ def test_every_model_listed_and_each_answers_by_name(server):
 def test_unknown_names_and_paths_in_each_protocols_shape(server):
     r = post(server, "/v1/chat/completions", {**CHAT, "model": "nope"})
     assert r.status_code == 404
-    assert r.json()["error"]["message"] == "model 'nope' not found; this server has: alpha, beta, broken, gamma"
+    assert r.json()["error"]["message"] == ("model 'nope' not found; this server has: alpha, beta, broken, gamma "
+                                            "(`localspec serve NAME` serves one model under any name)")
+    assert post(server, "/v1/chat/completions", {**CHAT, "model": "localspec"}).json()["model"] == "alpha"
     r = post(server, "/api/chat", {"model": "nope", "messages": CHAT["messages"]})
     assert (r.status_code, list(r.json())) == (404, ["error"])
     r = post(server, "/v1/messages", {"model": "nope", "max_tokens": 4, "messages": CHAT["messages"]})
@@ -131,6 +134,9 @@ def test_keep_alive_and_the_router_endpoints(server):
     assert post(server, "/models/unload", {"model": "beta"}).json() == {"success": True}
     assert statuses(server)["beta"] == "unloaded"
     assert post(server, "/models/unload", {"model": "beta"}).status_code == 400
+    shown = client.show("beta")  # from its header: showing a model does not load it
+    assert "completion" in shown.capabilities and shown.modelinfo["llama.context_length"] == 2048
+    assert statuses(server)["beta"] == "unloaded"
     with pytest.raises(ollama.ResponseError) as e:
         client.pull("qwen2.5-coder-1.5b-nope")
     assert "unknown pair" in str(e.value)

@@ -15,6 +15,8 @@ pair name from models.yaml (the pair's target or draft, depending on the side).
 
 from __future__ import annotations
 
+import functools
+
 import os
 import struct
 from dataclasses import dataclass
@@ -239,14 +241,22 @@ def check_model_file(path: str | os.PathLike) -> None:
 
 
 def read_header_file(path: str | os.PathLike) -> GgufHeader:
+    """The file's header, parsed once per process while its size and modification time stay the same (a
+    151k-token vocabulary takes a few tenths of a second in Python; a load and the router read it several times)."""
     path = Path(path)
     if path.is_dir():
         raise GgufHeaderError(f"{path} is a directory; pass the .gguf file inside it")
     try:
-        with open(path, "rb") as f:
-            return read_header(f, str(path))
+        st = path.stat()
+        return _read_header_once(str(path), st.st_size, st.st_mtime_ns)
     except FileNotFoundError:
         raise GgufHeaderError(f"model file not found: {path}") from None
+
+
+@functools.lru_cache(maxsize=64)
+def _read_header_once(path: str, size: int, mtime_ns: int) -> GgufHeader:
+    with open(path, "rb") as f:
+        return read_header(f, path)
 
 
 def require_language_model(header: GgufHeader, where: str) -> None:

@@ -18,13 +18,14 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from ..chat_format import Message
+from ..models.gguf_header import read_header_file
 from ..fim import FimUnsupported, fim_stop_tokens, infill_tokens, require_fim
 from . import shapes
 from .chat import LENGTH, ChatRequest, End, Text, ToolCall, open_chat
-from .http import ServerState, read_body
+from .http import ServerState, read_body, require_serving
 from .apierrors import ApiError
 from .fields import boolean, keep_alive_seconds, string
-from .ollama_models import loaded_entry
+from .ollama_models import entry, loaded_entry
 from .settings import LOCALSPEC_FIELDS, gen_settings
 from .tools import call_arguments, tool_request
 
@@ -198,23 +199,43 @@ async def generate(request: Request, state: ServerState) -> Response:
 
 # --- information about a model --------------------------------------------------------------------
 async def show(request: Request, state: ServerState) -> Response:
+    """A loaded model's facts from llama.cpp; with several models, an unloaded one's from its GGUF header
+    (showing a model does not load it, as in Ollama)."""
     body = await read_body(request)
-    srv, m = state.server, state.server.model
-    arch = m.meta("general.architecture") or "llama"
-    caps = ["completion", "tools"] + (["insert"] if m.fim_tokens() else [])
-    info = {"general.architecture": arch, f"{arch}.context_length": srv.engine.target.n_ctx,
-            "general.parameter_count": _param_count(m)}
-    e = loaded_entry(state, state.model_id)
-    return JSONResponse({"modelfile": f"# served by localspec: {m.path.name}\n", "parameters": "",
-                         "template": srv.engine.chat_template() or "", "details": e["details"],
-                         "model_info": info, "capabilities": caps, "modified_at": e["modified_at"],
-                         "model": string(body, "model") or state.model_id})
+    name = string(body, "model") or string(body, "name")
+    router = state.router
+    if router.single:
+        require_serving(state)
+        served, slot = state, None
+    else:
+        slot = router.find(name)
+        served = slot.state if slot.status == "loaded" else None
+    if served is not None and served.server is not None:
+        srv, m = served.server, served.server.model
+        facts = (m.meta, srv.engine.target.n_ctx, srv.engine.chat_template() or "", bool(m.fim_tokens()))
+        e = loaded_entry(served, served.model_id)
+    else:
+        path = (slot.entry.files or [None])[0]
+        if path is None:
+            raise ApiError(404, f"model '{slot.entry.name}' has no file on disk yet; it is assembled when it loads")
+        header = read_header_file(path)
+        arch = header.architecture or ""
+        facts = (header.get, header.get(f"{arch}.context_length") or 0, header.get("tokenizer.chat_template") or "",
+                 header.get("tokenizer.ggml.fim_pre_token_id") is not None)
+        e = entry(slot.entry.name, path, slot.entry.size)
+    meta, n_ctx, template, fim = facts
+    arch = meta("general.architecture") or "llama"
+    info = {"general.architecture": arch, f"{arch}.context_length": n_ctx, "general.parameter_count": _param_count(meta)}
+    return JSONResponse({"modelfile": f"# served by localspec: {e['name']}\n", "parameters": "", "template": template,
+                         "details": e["details"], "model_info": info,
+                         "capabilities": ["completion", "tools"] + (["insert"] if fim else []),
+                         "modified_at": e["modified_at"], "model": name or e["name"]})
 
 
-def _param_count(m) -> int:
+def _param_count(meta) -> int:
     """From the GGUF's size label ("1.5B"), 0 when it has none."""
     try:
-        return int(float((m.meta("general.size_label") or "0").upper().rstrip("B")) * 1e9)
+        return int(float((meta("general.size_label") or "0").upper().rstrip("B")) * 1e9)
     except ValueError:
         return 0
 
@@ -238,7 +259,7 @@ async def not_supported(request: Request, state: ServerState) -> Response:
 
 ROUTES = [
     ("/api/chat", chat, ["POST"]), ("/api/generate", generate, ["POST"]),
-    ("/api/show", show, ["POST"]),
+    ("/api/show", show, ["POST"], {"needs_model": False}),
     ("/api/version", version, ["GET"], {"needs_model": False}),
     *((f"/api/{p}", management, ["POST", "DELETE", "HEAD"], {"needs_model": False}) for p in MANAGEMENT),
     ("/api/embed", not_supported, ["POST"]), ("/api/embeddings", not_supported, ["POST"]),

@@ -24,6 +24,7 @@ from ..session import SERVE_CTX_FIT, GenChoice, ModelChoice, fit_tokens, kv_byte
 from .apierrors import ApiError
 from .state import ServerState
 
+DEFAULT_NAME = "localspec"  # the default model's name on every server (llm's and the docs' `-m localspec`)
 UNLOAD_WAIT_S = 30.0  # an idle model's threads leave llama.cpp within a pass; a measurement may take longer
 EXPIRY_TICK_S = 1.0
 BAD_NAME = re.compile(r"(^|[/\\])\.\.($|[/\\])|^[/\\~]|\x00")  # a path, `..`, or a NUL is never a model name
@@ -119,8 +120,8 @@ class Router:
     # --- finding ---------------------------------------------------------------------------------
     def find(self, name: str | None) -> Slot:
         """The slot a request's `model` names: any name when one model is served; else the exact name,
-        an alias, `name:latest` or Ollama's `name:tag`; empty or missing: the default."""
-        if self.single or not name:
+        an alias, `name:latest` or Ollama's `name:tag`; empty, missing or "localspec": the default."""
+        if self.single or not name or name == DEFAULT_NAME:
             return self.default
         if BAD_NAME.search(name):
             raise ApiError(400, f'"model" {name!r} is a path, not a model name; GET /v1/models lists the names')
@@ -133,7 +134,8 @@ class Router:
                 if slot.entry.find(w):
                     return slot
         names = ", ".join(s.entry.name for s in self.slots)
-        raise ApiError(404, f"model '{name}' not found; this server has: {names}", "not_found_error")
+        raise ApiError(404, f"model '{name}' not found; this server has: {names} (`localspec serve NAME` serves one "
+                            "model under any name)", "not_found_error")
 
     def busy_besides(self, slot: Slot) -> bool:
         """Another loaded model answers: a model's idle measurements wait for it (same process, same cores)."""
