@@ -68,6 +68,15 @@ async def send(pilot, app: ChatApp, text: str) -> AssistantMessage:
     return list(app.query(AssistantMessage))[-1]
 
 
+async def command(pilot, app: ChatApp, line: str) -> str:
+    """Type a slash command, press Enter, and return the notice it answers with."""
+    before = list(app.query(Notice))[-1]
+    app.query_one(PromptInput).load_text(line)
+    await pilot.press("enter")
+    await wait_until(pilot, lambda: list(app.query(Notice))[-1] is not before, f"the answer to {line}")
+    return str(list(app.query(Notice))[-1].content)
+
+
 def notices(app: ChatApp, kind: str | None = None) -> list[str]:
     return [str(n.content) for n in app.query(Notice) if kind is None or n.has_class(kind)]
 
@@ -169,11 +178,7 @@ def test_slash_commands_change_settings(tiny):
             await ready(pilot, app)
 
             async def cmd(line: str) -> str:
-                before = list(app.query(Notice))[-1]
-                app.query_one(PromptInput).load_text(line)
-                await pilot.press("enter")
-                await wait_until(pilot, lambda: list(app.query(Notice))[-1] is not before, f"the answer to {line}")
-                return str(list(app.query(Notice))[-1].content)
+                return await command(pilot, app, line)
 
             assert "k = 2" in await cmd("/k 2") and app.cfg.draft_max == 2 and "k=2" in status_text(app)
             assert "temperature = 0.5" in await cmd("/temp 0.5") and app.cfg.temperature == 0.5
@@ -489,11 +494,7 @@ def test_model_switches_to_another_model_on_this_machine(tiny):
             await ready(pilot, app)
 
             async def cmd(line: str) -> str:
-                before = list(app.query(Notice))[-1]
-                app.query_one(PromptInput).load_text(line)
-                await pilot.press("enter")
-                await wait_until(pilot, lambda: list(app.query(Notice))[-1] is not before, f"the answer to {line}")
-                return str(list(app.query(Notice))[-1].content)
+                return await command(pilot, app, line)
 
             listed = await cmd("/models")
             assert "alpha  (n-gram drafts" in listed and "◀ this one" in listed.split("alpha")[1].split("\n")[0]
