@@ -91,9 +91,12 @@ async def infill(request: Request, state: ServerState) -> Response:
 
 
 async def health(request: Request, state: ServerState) -> Response:
-    if state.router.single:
+    router = state.router
+    if router.single:
         require_serving(state)  # the truth: 503 while loading, shutting down, or unable to generate
-    return JSONResponse({"status": "ok"})  # several models: the server is up; each model's state in /models
+    elif router.loads == 0 and router.default.status == "loading":
+        raise ApiError(503, "Loading model")  # ready once the default is: later, models load on demand
+    return JSONResponse({"status": "ok"})  # several models: each one's state is in /models
 
 
 async def props(request: Request, state: ServerState) -> Response:
