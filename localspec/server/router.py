@@ -95,6 +95,7 @@ class Router:
         self._load_lock: asyncio.Lock | None = None
         self._expiry: asyncio.Task | None = None
         self.loads = 0  # completed loads, for /metrics
+        self.closing = False  # set at the first Ctrl-C or SIGTERM
         self.base_rss = process_rss()  # the server before any model: counted in the budget
 
     @property
@@ -177,9 +178,17 @@ class Router:
             return slot.state
         if self.single and slot.status != "unloaded":  # loading at start: 503 until then, as llama-server
             return self.shared
+        if self.closing:
+            raise ApiError(503, "the server is shutting down")
         if slot.loading is None:
             slot.loading = asyncio.ensure_future(self._load(slot))
-        await asyncio.shield(slot.loading)
+        loading = slot.loading
+        while not loading.done():  # a shutdown does not wait for a load: its requests get their 503 at once
+            await asyncio.wait([loading], timeout=0.2)
+            if self.closing:
+                raise ApiError(503, "the server is shutting down")
+        if loading.exception() is not None:
+            raise loading.exception()
         if slot.status != "loaded":
             raise ApiError(503 if slot.error is None else 500,
                            f"model '{slot.entry.name}' could not be loaded: {slot.error or 'unknown reason'}")
@@ -194,6 +203,9 @@ class Router:
                 choice = await self._make_room(slot)
                 state = self.shared if slot is self.default else self.shared.sibling()
                 ok = await asyncio.to_thread(self.recipe.load, state, choice, self.recipe.gen)
+                if ok and self.closing:  # stopped while it loaded: freed now, not left to the process's exit
+                    await asyncio.to_thread(state.server.close, UNLOAD_WAIT_S)
+                    ok, state.load_error = False, "the server is shutting down"
                 if ok:
                     state.server.neighbours_busy = lambda: self.busy_besides(slot)
                     slot.state, slot.status, slot.loaded_at = state, "loaded", time.monotonic()
@@ -316,6 +328,7 @@ def placeholder_router(state: ServerState) -> Router:
 
 
 def begin_shutdown_all(router: Router) -> None:
+    router.closing = True
     for _, state in router.loaded_states():
         if state.server is not None and not state.server.closing:
             threading.Thread(target=state.server.begin_shutdown, name="localspec-stop", daemon=True).start()

@@ -150,9 +150,10 @@ def serve(models: ModelChoice, gen: GenChoice, notify: Callable[[str], None], on
         sock.close()
     if failed.is_set():
         raise LocalspecError(router.default.error or state.load_error or "the models did not load")
-    if freed and not all(freed):
-        # a generation thread is inside a llama.cpp pass that cannot be interrupted (a long prompt):
-        # exiting the interpreter under it can crash in llama.cpp's teardown, so leave at once, cleanly
+    if (freed and not all(freed)) or any(s.status == "loading" for s in router.slots):
+        # a generation thread is inside a llama.cpp pass that cannot be interrupted (a long prompt), or a
+        # model is still loading: exiting the interpreter under it can crash in llama.cpp's teardown, so
+        # leave at once, cleanly
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(0)
