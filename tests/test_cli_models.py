@@ -71,7 +71,25 @@ def test_models_json(tiny, tiny_registry, cli):
              "files": [{"role": "target", "source": "org/remote-GGUF/t.gguf", "state": "missing", "path": None,
                         "size": None, "problem": None}]},
         ],
+        "gguf_files": [],
     }
+
+
+def test_models_lists_the_gguf_files_serve_serves_by_name(tiny, cli):
+    import shutil
+
+    from localspec import paths
+
+    folder = paths.ensure(paths.models_dir())
+    shutil.copy(tiny.target, folder / "alpha.gguf")
+    code, out, err = cli("models")
+    assert (code, err) == (0, "")
+    size = models.human_size(tiny.target.stat().st_size)
+    assert out.endswith(f"GGUF files in {folder} that `localspec serve` also serves, by name:\n"
+                        f"  alpha  {size}  n-gram drafts\n")
+    listed = json.loads(cli("models", "--json")[1])["gguf_files"]
+    assert listed == [{"name": "alpha", "path": str(folder / "alpha.gguf"), "size": tiny.target.stat().st_size,
+                       "draft": None}]
 
 
 def test_models_table_and_list_alias(tiny, tiny_registry, cli):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 import sys
 
 from .. import models, paths
@@ -57,7 +58,11 @@ def models_listing() -> dict:
             "notes": spec.notes,
             "files": [f.__dict__ for f in models.pair_status(spec)],
         })
-    return {"default": models.DEFAULT_PAIR, "pairs": pairs}
+    from ..models.catalog import find_models
+
+    lone = [{"name": e.name, "path": str(e.target), "size": e.size, "draft": str(e.draft) if e.draft else None}
+            for e in find_models() if e.pair is None]
+    return {"default": models.DEFAULT_PAIR, "pairs": pairs, "gguf_files": lone}
 
 
 STATE_WORDS = {"path": "local path", "hf-cache": "HF cache", "bundle": "bundle copy",
@@ -77,6 +82,11 @@ def format_listing(listing: dict) -> str:
     lines = ["  ".join(c.ljust(w) for c, w in zip(r[:4], widths)) + "  " + r[4] for r in rows]
     lines.append(f"* default pair. `localspec pull PAIR` fetches a missing pair; pairs come from "
                  f"{models.registry.PACKAGE_REGISTRY_FILE} and {paths.user_config_file()}")
+    if listing["gguf_files"]:
+        lines.append(f"GGUF files in {paths.models_dir()} that `localspec serve` also serves, by name:")
+        for f in listing["gguf_files"]:
+            drafting = f"draft {Path(f['draft']).name}" if f["draft"] else "n-gram drafts"
+            lines.append(f"  {f['name']}  {models.human_size(f['size'])}  {drafting}")
     return "\n".join(lines)
 
 
