@@ -90,7 +90,7 @@ def get_weather(city: str) -> str:
     return "sunny, 21 C"
 def run():
     called.clear()
-    model = OpenAIResponsesModel(model="qwen", openai_client=AsyncOpenAI(base_url=URL + "/v1", api_key="none"))
+    model = OpenAIResponsesModel(model="localspec", openai_client=AsyncOpenAI(base_url=URL + "/v1", api_key="none"))
     agent = Agent(name="weather", instructions="Use get_weather to answer questions about the weather.",
                   model=model, tools=[get_weather])
     try:
@@ -130,7 +130,7 @@ SHELL_QUESTION = f"Run `cat {FILE_FACT[0]}` and tell me the value of MAGIC."  # 
 
 def claude_env(url: str, home: Path) -> dict:
     return {**os.environ, "HOME": str(home), "ANTHROPIC_BASE_URL": url, "ANTHROPIC_AUTH_TOKEN": "none",
-            "ANTHROPIC_MODEL": "qwen", "ANTHROPIC_DEFAULT_HAIKU_MODEL": "qwen", "API_TIMEOUT_MS": "1800000",
+            "ANTHROPIC_MODEL": "localspec", "ANTHROPIC_DEFAULT_HAIKU_MODEL": "localspec", "API_TIMEOUT_MS": "1800000",
             "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1", "DISABLE_TELEMETRY": "1", "DISABLE_AUTOUPDATER": "1"}
 
 
@@ -163,7 +163,7 @@ def check_codex(h, url: str) -> list[tuple[str, bool, str]]:
     codex = h.npm_env("codex") / "node_modules/.bin/codex"
     work, home = project(), Path(tempfile.mkdtemp(prefix="codex-home-"))
     (home / "config.toml").write_text(
-        'model = "qwen"\nmodel_provider = "localspec"\n\n[model_providers.localspec]\nname = "localspec"\n'
+        'model = "localspec"\nmodel_provider = "localspec"\n\n[model_providers.localspec]\nname = "localspec"\n'
         f'base_url = "{url}/v1"\nwire_api = "responses"\n')
     env = {**os.environ, "CODEX_HOME": str(home)}
     r = h.run([str(codex), "exec", "--skip-git-repo-check", "--sandbox", "read-only", SHELL_QUESTION], cwd=work, env=env,
