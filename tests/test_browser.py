@@ -293,6 +293,12 @@ def test_the_picker_chooses_among_the_servers_models(browser, tiny, tmp_path):
         assert loaded["beta"] == "loaded"
         cid = page.evaluate("location.hash").split("=")[1]
         assert api(srv, "GET", f"/localspec/conversations/{cid}")["pair"] == "beta"
+        page.click("#new-chat")  # a new chat with alpha, then back: the picker follows the conversation
+        page.select_option("#model-pick", "alpha")
+        expect(page.locator("#model")).to_have_text(re.compile(r"^alpha"))
+        page.goto(srv.url + f"/#c={cid}")
+        expect(page.locator("#model-pick")).to_have_value("beta")
+        expect(page.locator("#model")).to_have_text(re.compile(r"^beta"))
         assert watched.errors == []
     finally:
         context.close()

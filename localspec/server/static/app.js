@@ -119,6 +119,11 @@ async function openConversation(id) {
   for (const m of conv.messages) addView(m);
   renderPlain($("title"), conv.title || `Conversation ${conv.id}`);
   showSettings(conv.settings, conv.system);
+  const pick = $("model-pick");
+  if (!pick.hidden && conv.pair && conv.pair !== state.model && [...pick.options].some((o) => o.value === conv.pair)) {
+    pick.value = conv.pair; // the conversation goes on with the model that answered it
+    await pickModel();
+  }
   await refreshList();
 }
 
