@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from pathlib import Path
 
 from .common import (
     add_gen_args,
@@ -103,13 +104,12 @@ def cmd_serve(args) -> int:
         raise ConfigError("--models-dir serves the models it finds; leave out the pair (or --target)")
     if not (choice.pair or choice.target):
         opts.catalog = served_models(choice, args.models_dir)
+        opts.models_dir = Path(args.models_dir).expanduser() if args.models_dir else None
     return serve(choice, gen_choice(args), stderr_note, on_listen, opts)
 
 
 def served_models(choice, models_dir: str | None = None):
     """Every model found offline; none found: the default pair as before (it says how to get it)."""
-    from pathlib import Path
-
     from ..errors import ConfigError
     from ..models.catalog import find_models
 

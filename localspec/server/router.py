@@ -15,6 +15,7 @@ import re
 import threading
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Callable
 
 from ..errors import LocalspecError
@@ -54,7 +55,6 @@ class Slot:
 @dataclass
 class Limits:
     models_max: int = 4  # llama-server's router default
-    memory: int | None = None  # bytes the process may hold (--models-memory); None: what is free, per load
     idle_unload_s: float | None = None  # --idle-unload; None: stay loaded
 
 
@@ -90,11 +90,12 @@ class Router:
     limits: Limits = field(default_factory=Limits)
     budget: Budget = field(default_factory=Budget)
     catalog: list[CatalogEntry] | None = None  # several models found offline; None: the one chosen at start
+    models_dir: Path | None = None  # --models-dir: the folder the catalog came from (None: the data root's)
 
     def __post_init__(self):
         self._load_lock: asyncio.Lock | None = None
         self._expiry: asyncio.Task | None = None
-        self.loads = 0  # completed loads, for /metrics
+        self.loads = 0  # completed loads (/health says ok once the first is done)
         self.closing = False  # set at the first Ctrl-C or SIGTERM
         self.base_rss = process_rss()  # the server before any model: counted in the budget
 
@@ -109,7 +110,7 @@ class Router:
             return
         from ..models.catalog import find_models
 
-        found = {e.name: e for e in find_models()}
+        found = {e.name: e for e in find_models(self.models_dir)}
         self.slots = [s for s in self.slots if s.entry.name in found or s.status == "loaded"]
         known = {s.entry.name for s in self.slots}
         self.slots += [Slot(e) for name, e in found.items() if name not in known]

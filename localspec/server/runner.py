@@ -79,6 +79,7 @@ class ServeOptions:
     editor: EditorSettings | None = None
     webui: bool = True
     catalog: list[CatalogEntry] | None = None  # serve these models (None: the one pair chosen)
+    models_dir: Path | None = None  # where the catalog came from when not the data root's models folder
     limits: Limits = field(default_factory=Limits)
     budget: Budget = field(default_factory=Budget)
 
@@ -96,7 +97,8 @@ def make_router(state: ServerState, models: ModelChoice, gen: GenChoice, notify:
         return load_into(st, choice, g, notify, opts.editor, opts.log_requests)
     entries = opts.catalog or [CatalogEntry(models.pair or Path(models.target or "localspec").stem, pair=models.pair)]
     slots = [Slot(e) for e in entries]
-    return Router(slots, LoadRecipe(models, gen, load, notify), state, opts.limits, opts.budget, opts.catalog)
+    return Router(slots, LoadRecipe(models, gen, load, notify), state, opts.limits, opts.budget, opts.catalog,
+                  opts.models_dir)
 
 
 def serve(models: ModelChoice, gen: GenChoice, notify: Callable[[str], None], on_listen: Callable[[str], None],
