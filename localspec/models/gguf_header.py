@@ -241,8 +241,9 @@ def check_model_file(path: str | os.PathLike) -> None:
 
 
 def read_header_file(path: str | os.PathLike) -> GgufHeader:
-    """The file's header, parsed once per process while its size and modification time stay the same (a
-    151k-token vocabulary takes a few tenths of a second in Python; a load and the router read it several times)."""
+    """The file's header, parsed once per process while its size and modification time stay the same: a large
+    vocabulary is slow to walk in Python, and a load and the router read it several times (docs/BENCHMARKS.md,
+    "Several models behind one server")."""
     path = Path(path)
     if path.is_dir():
         raise GgufHeaderError(f"{path} is a directory; pass the .gguf file inside it")

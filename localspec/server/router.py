@@ -44,7 +44,6 @@ class Slot:
     pending: int = 0  # requests routed here whose job is not queued yet
     unload_when_idle: bool = False
     estimate: int = 0  # bytes the load was expected to take (weights, KV, buffers)
-    loaded_at: float = 0.0
 
     @property
     def busy(self) -> bool:
@@ -209,8 +208,8 @@ class Router:
                     ok, state.load_error = False, "the server is shutting down"
                 if ok:
                     state.server.neighbours_busy = lambda: self.busy_besides(slot)
-                    slot.state, slot.status, slot.loaded_at = state, "loaded", time.monotonic()
-                    slot.last_used, slot.unload_when_idle = slot.loaded_at, False
+                    slot.state, slot.status = state, "loaded"
+                    slot.last_used, slot.unload_when_idle = time.monotonic(), False
                     self.loads += 1
                     self._set_keep_alive(slot, None)
                     self.recipe.notify(f"ready: {state.model_id} ({state.server.session.selection.describe()})")
