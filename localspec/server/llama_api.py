@@ -175,8 +175,6 @@ async def metrics(request: Request, state: ServerState) -> Response:
         require_serving(state)
     groups = []
     for slot, s in router.loaded_states():
-        if s.server is None:
-            continue
         batcher = s.server.engine.batcher
         swapped = batcher.swap.moves if batcher is not None else 0
         groups.append(("" if router.single else f'model="{slot.entry.name}"', s.server.metrics.samples(swapped)))

@@ -81,8 +81,6 @@ async def ps(request: Request, state: ServerState) -> Response:
         require_serving(state)
     out = []
     for slot, s in router.loaded_states():
-        if s.server is None:
-            continue
         until = FOREVER if router.single or slot.expires_at is None else (
             dt.datetime.now(dt.timezone.utc) + dt.timedelta(seconds=max(0.0, slot.expires_at - now)))
         e = loaded_entry(s, s.model_id)

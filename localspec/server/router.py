@@ -301,13 +301,15 @@ class Router:
                     await self.unload(slot, why="keep_alive" if slot.unload_when_idle else "idle")
 
     def loaded_states(self) -> list[tuple[Slot, ServerState]]:
-        return [(s, s.state) for s in self.slots if s.status == "loaded" and s.state is not None]
+        """(slot, state) of each model loaded now, its ServerSession there to ask."""
+        return [(s, s.state) for s in list(self.slots)
+                if s.status == "loaded" and s.state is not None and s.state.server is not None]
 
     def close_all(self) -> bool:
         """Shutdown: every model's session closed (False when one is still inside llama.cpp)."""
         freed = True
         for slot, state in self.loaded_states():
-            if state.server is not None and not state.server.close():
+            if not state.server.close():
                 freed = False
         return freed
 
@@ -330,6 +332,6 @@ def placeholder_router(state: ServerState) -> Router:
 def begin_shutdown_all(router: Router) -> None:
     router.closing = True
     for _, state in router.loaded_states():
-        if state.server is not None and not state.server.closing:
+        if not state.server.closing:
             threading.Thread(target=state.server.begin_shutdown, name="localspec-stop", daemon=True).start()
 
