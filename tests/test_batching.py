@@ -385,7 +385,8 @@ def test_the_wait_queue_is_bounded(monkeypatch):
 
     monkeypatch.setattr(worker, "MAX_WAITING", 2)
     srv = worker.ServerSession.__new__(worker.ServerSession)  # no lanes: every job stays waiting
-    srv.jobs, srv.metrics = JobQueue(lambda job: None), Metrics()
+    srv.jobs = JobQueue(lambda job: None)
+    srv.metrics = Metrics(srv.jobs)
     job = lambda: worker.Job(lambda engine: ([], None), None, lambda event: None)  # noqa: E731
     srv.submit(job())
     srv.submit(job())

@@ -15,7 +15,7 @@ from localspec.engine import Engine
 from localspec import fim as fimmod
 from localspec.server import infill
 from localspec.server.apierrors import ApiError
-from localspec.server.fields import pick_fields
+from localspec.server.llama_api import pick_fields
 from localspec.server.settings import gen_settings
 
 
@@ -220,7 +220,7 @@ def test_timings_count_as_llama_server_does():
     """The first token comes from the prompt's pass (its last token is evaluated there): llama-server
     counts that pass and token in the prompt, and its decode rate is the tokens after the first (end of
     text included) over the time after the prompt."""
-    from localspec.server.shapes import timings
+    from localspec.server.chat import timings
     from localspec.stats import Stats
 
     st = Stats(prompt_tokens=30, prompt_eval_tokens=21, prompt_eval_s=0.35, tokens=90, target_passes=90,

@@ -16,12 +16,11 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from ..chat_format import Message
-from . import shapes
-from .chat import END, LENGTH, STOP_SEQUENCE, TOOL_CALLS, ChatRequest, End, Idle, Text, joined_text, open_chat, prompt_size
+from .chat import (END, LENGTH, STOP_SEQUENCE, TOOL_CALLS, ChatRequest, End, Idle, Text, joined_text,
+                   localspec_stats, open_chat, prompt_size, timings)
 from .http import KEEPALIVE_S, ServerState, named_sse, read_body
 from .apierrors import ApiError
-from .fields import integer
-from .settings import LOCALSPEC_FIELDS, gen_settings
+from .settings import LOCALSPEC_FIELDS, gen_settings, integer
 from .tools import call_arguments, tool_request
 
 STOP_REASON = {END: "end_turn", STOP_SEQUENCE: "stop_sequence", LENGTH: "max_tokens", TOOL_CALLS: "tool_use"}
@@ -157,7 +156,7 @@ def _message(msg_id: str, model: str, content: list, end: End | None, prompt_len
            "stop_sequence": end.stop_word if end and end.reason == STOP_SEQUENCE else None,
            "usage": _usage(st, prompt_len)}
     if st is not None:  # speculation's figures, beside Anthropic's own fields
-        out.update(timings=shapes.timings(st), localspec=shapes.localspec_stats(st))
+        out.update(timings=timings(st), localspec=localspec_stats(st))
     return out
 
 
@@ -198,8 +197,8 @@ async def messages(request: Request, state: ServerState) -> Response:
                 yield {"type": "message_delta",
                        "delta": {"stop_reason": STOP_REASON[ev.reason],
                                  "stop_sequence": ev.stop_word if ev.reason == STOP_SEQUENCE else None},
-                       "usage": _usage(ev.stats), "timings": shapes.timings(ev.stats),
-                       "localspec": shapes.localspec_stats(ev.stats)}
+                       "usage": _usage(ev.stats), "timings": timings(ev.stats),
+                       "localspec": localspec_stats(ev.stats)}
                 yield {"type": "message_stop"}
                 return
             block = tool_use_block(ev.call)

@@ -1,4 +1,5 @@
-"""The one internal chat request and the one event stream every protocol translates to and from.
+"""The one internal chat request and the one event stream every protocol translates to and from, and the
+figures every answer carries (llama-server's `timings`, localspec's own).
 
 A protocol module turns its request body into a `ChatRequest` (a conversation or a prompt of its own,
 tools, generation settings) and the events of `ChatRun` (`Text`, `ToolCall`, `End`) into its own JSON
@@ -9,6 +10,7 @@ same engine, speculation, tools, constraints, prompt cache and stats underneath.
 from __future__ import annotations
 
 import asyncio
+import uuid
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -74,6 +76,60 @@ def end_of(stats, calls: list) -> End:
     if stats.stop_reason == "stop":
         return End(stats, STOP_SEQUENCE, getattr(stats, "stop_word", None))
     return End(stats, END if stats.stop_reason == "eos" else LENGTH)
+
+
+# --- the figures every protocol's answer carries: llama-server's `timings` and localspec's own ----------
+def new_id(prefix: str) -> str:
+    return f"{prefix}-{uuid.uuid4().hex[:24]}"
+
+
+def timings(st) -> dict:
+    """llama-server's `timings`, by its definitions: the prompt's pass, whose last row gives the first
+    token, is `prompt_n` tokens in `prompt_ms` (the engine evaluates the prompt's last token in it too);
+    `predicted_ms` runs from there to the last token, and `predicted_per_second` is the tokens after the
+    first (end of text included, as llama-server counts it) over that time."""
+    prompt_s, gen_s, prompt_n = st.prompt_eval_s, st.generation_s, st.prompt_eval_tokens
+    steps = st.decode_steps
+    t = {
+        "cache_n": max(0, st.prompt_tokens - prompt_n),
+        "prompt_n": prompt_n,
+        "prompt_ms": prompt_s * 1e3,
+        "prompt_per_token_ms": prompt_s * 1e3 / prompt_n if prompt_n else 0.0,
+        "prompt_per_second": prompt_n / prompt_s if prompt_s > 0 else 0.0,
+        "predicted_n": st.tokens,
+        "predicted_ms": gen_s * 1e3,
+        "predicted_per_token_ms": gen_s * 1e3 / steps if steps else 0.0,
+        "predicted_per_second": steps / gen_s if gen_s > 0 else 0.0,
+    }
+    if st.drafted:
+        t["draft_n"] = st.drafted
+        t["draft_n_accepted"] = st.accepted
+    return t
+
+
+def localspec_stats(st) -> dict:
+    return {
+        "spec": st.spec_mode,
+        "drafters": sorted(st.drafted_by_drafter),
+        "acceptance_rate": round(st.acceptance_rate, 4),
+        "mean_accepted_length": round(st.mean_accepted_length, 4),
+        "target_passes": st.target_passes,
+        "rounds_plain": st.rounds_plain,
+        "drafted_by_drafter": st.drafted_by_drafter,
+        "accepted_by_drafter": st.accepted_by_drafter,
+        "tokens_by_source": st.tokens_by_source,
+        "stop_reason": st.stop_reason,
+        "policy": st.policy,
+        "speedup_estimate": st.speedup_estimate,
+        "stats": st.to_dict(),  # every figure (what `localspec run --json` prints), for clients that want it
+    }
+
+
+def live_fields(live) -> dict:
+    """llama-server's `timings_per_token`: a streamed piece's figures so far; localspec adds which model
+    the piece's last token came from ("target", or "model"/"ngram" for an accepted draft)."""
+    source, st = live
+    return {"timings": timings(st), "localspec": {"source": source or "target", "stats": st.to_dict()}}
 
 
 class ChatRun:

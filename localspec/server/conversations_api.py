@@ -16,8 +16,8 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from ..history import HistoryError, HistoryStore, to_json, to_markdown
+from .settings import boolean, string
 from .apierrors import ApiError
-from .fields import boolean, string
 from .http import ServerState, read_json
 
 MAX_TITLE = 200

@@ -6,7 +6,8 @@ A key-less server on loopback is reachable by every web page the user opens: a p
 host name can resolve to 127.0.0.1 (the class of Ollama's CVE-2024-28224). So, as Ollama and
 llama-server harden theirs: without an API key only loopback Host names (and the `--host` value)
 are served; a request a browser marks with an `Origin` is refused unless `--cors` names that origin;
-bodies are JSON only. Editors, SDKs and curl send no Origin and are unaffected.
+bodies are JSON only (`http.require_json_body`, where bodies are read). Editors, SDKs and curl send no
+Origin and are unaffected.
 """
 
 from __future__ import annotations
@@ -109,17 +110,3 @@ async def _send(send, status: int, body: bytes, headers: list) -> None:
     await send({"type": "http.response.start", "status": status,
                 "headers": [*headers, (b"content-length", str(len(body)).encode())]})
     await send({"type": "http.response.body", "body": body})
-
-
-JSON_TYPES = ("application/json",)
-
-
-def require_json_body(content_type: str | None) -> str | None:
-    """Why a body of this Content-Type is refused (None: it is fine). JSON, or no type at all; the
-    form and text types a web page can send without a preflight are refused."""
-    if not content_type:
-        return None
-    media = content_type.split(";", 1)[0].strip().lower()
-    if media in JSON_TYPES or media.endswith("+json"):
-        return None
-    return f"Content-Type {media} is not accepted; send the body as JSON with Content-Type: application/json"

@@ -1,20 +1,21 @@
 """What every protocol's handlers share: the server's state, authentication and the loading state,
-errors in the protocol's own shape, JSON bodies, a queued generation seen from the event loop, and
-streamed responses. Protocol modules build on this and on `chat`; none imports another.
+errors in the protocol's own shape, JSON bodies (parsed strictly, the model they name), a queued
+generation seen from the event loop, and streamed responses. Protocol modules build on this, on
+`settings` (each field validated on its own) and on `chat`; none imports another.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
-from typing import Callable
+import re
+from typing import Any, Callable
 
 from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 
-from .guard import MAX_BODY_BYTES, require_json_body
+from .guard import MAX_BODY_BYTES
 from .apierrors import ApiError, log_unexpected
-from .fields import keep_alive_seconds, parse_json, requested_model
 from .settings import Extras
 from .state import ServerState
 from .worker import Job
@@ -97,6 +98,96 @@ def _authorized(request: Request, key: str) -> bool:
     return (got[7:] if got.startswith("Bearer ") else got) == key
 
 
+# --- request bodies: JSON only, parsed strictly; the model a body names -----------------------------
+JSON_TYPES = ("application/json",)
+
+
+def require_json_body(content_type: str | None) -> str | None:
+    """Why a body of this Content-Type is refused (None: it is fine). JSON, or no type at all; the
+    form and text types a web page can send without a preflight are refused."""
+    if not content_type:
+        return None
+    media = content_type.split(";", 1)[0].strip().lower()
+    if media in JSON_TYPES or media.endswith("+json"):
+        return None
+    return f"Content-Type {media} is not accepted; send the body as JSON with Content-Type: application/json"
+
+
+# JSON's escapes for UTF-16 surrogates: only a body that has one can hold a lone surrogate
+_SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")
+
+
+def parse_json(raw: bytes) -> dict:
+    try:
+        body = json.loads(raw.decode("utf-8")) if raw.strip() else None
+    except UnicodeDecodeError:
+        raise ApiError(400, "the request body is not UTF-8; send JSON text")
+    except RecursionError:
+        raise ApiError(400, "the request body is nested too deeply")
+    except ValueError as e:
+        raise ApiError(400, f"the request body is not valid JSON ({e})")
+    if not isinstance(body, dict):
+        raise ApiError(400, "the request body must be a JSON object")
+    if _SURROGATE_ESCAPE.search(raw):
+        where = _lone_surrogate(body, "")
+        if where is not None:
+            raise ApiError(400, f'{where or "the body"} has a lone UTF-16 surrogate (half of an emoji?); '
+                                "send whole characters")
+    return body
+
+
+def _lone_surrogate(v: Any, path: str, depth: int = 0) -> str | None:
+    """The path of the first string (value or key) that is not valid Unicode text, or None."""
+    if isinstance(v, str):
+        try:
+            v.encode("utf-8")
+        except UnicodeEncodeError:
+            return path
+        return None
+    if depth > 64:
+        return None
+    items = v.items() if isinstance(v, dict) else enumerate(v) if isinstance(v, list) else ()
+    for k, x in items:
+        name = k.encode("utf-8", "backslashreplace").decode("utf-8") if isinstance(k, str) else k
+        sub = f"{path}[{k}]" if isinstance(k, int) else f"{path}.{name}" if path else name
+        if isinstance(k, str) and _lone_surrogate(k, sub) is not None:
+            return sub
+        found = _lone_surrogate(x, sub, depth + 1)
+        if found is not None:
+            return found
+    return None
+
+
+def requested_model(body: dict) -> str | None:
+    """`model`: with one model served any string names it, as llama-server does with one model (clients
+    send "", "gpt-4o", their own alias); replies name the served model. Only a non-string is wrong."""
+    v = body.get("model")
+    if v is not None and not isinstance(v, str):
+        raise ApiError(400, '"model" must be a string: a name GET /v1/models lists')
+    return v
+
+
+_DURATION = re.compile(r"(-?\d+(?:\.\d+)?)(ms|s|m|h)")
+_UNIT_S = {"ms": 0.001, "s": 1, "m": 60, "h": 3600}
+
+
+def keep_alive_seconds(v) -> float | None:
+    """Ollama's `keep_alive`: seconds as a number, or a Go duration ("5m", "1h30m", "-1", "0");
+    negative: stay loaded; 0: unload once the request ends; None: the server's default."""
+    if v is None:
+        return None
+    if isinstance(v, (int, float)) and not isinstance(v, bool):
+        return float(v)
+    if isinstance(v, str):
+        text = v.strip()
+        if re.fullmatch(r"-?\d+(\.\d+)?", text):
+            return float(text)
+        parts = _DURATION.findall(text)
+        if parts and "".join(n + u for n, u in parts) == text:
+            return sum(float(n) * _UNIT_S[u] for n, u in parts)
+    raise ApiError(400, '"keep_alive" must be seconds or a duration such as "5m", "1h", "-1" (stay) or 0 (unload)')
+
+
 async def read_json(request: Request) -> dict:
     """The body as a JSON object: JSON content only, at most MAX_BODY_BYTES, parsed in a thread when big."""
     cached = getattr(request.state, "json_body", None)
@@ -141,12 +232,12 @@ class Run:
         self.job = Job(prepare, extras, emit, background=background, slot=slot, priority=priority)
         self.stats = None  # the engine's Stats, once done
         self.live = None  # (source, Stats so far) of the latest text piece, when the request asked for them
-        self.server = state.server
+        self.jobs = state.server.jobs
         state.server.submit(self.job)
 
     def cancel(self) -> None:
         """The client is gone, or the response ended: the job ends (leaving the queue if it still waits)."""
-        self.server.withdraw(self.job)
+        self.jobs.withdraw(self.job)
 
     async def next(self, request: Request | None = None, idle_s: float | None = None):
         """The next event; a non-streamed request that lost its client cancels its job; ("idle", None)

@@ -61,15 +61,16 @@ class JobQueue:
                 raise TimeoutError
             return self._fg.popleft() if self._fg else self._bg.popleft()
 
-    def discard(self, job) -> bool:
-        """Take a waiting job out (its client hung up); False when it is not waiting (a worker took it)."""
+    def withdraw(self, job) -> None:
+        """Its client hung up, or its response ended: the job ends, and if it still waits it leaves the queue
+        now, so its place no longer counts against the server's limit on waiting requests."""
+        job.cancel.set()
         with self._cv:
             for q in (self._fg, self._bg):
                 for i, j in enumerate(q):
                     if j is job:
                         del q[i]
-                        return True
-        return False
+                        return
 
     def drain(self) -> list:
         with self._cv:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import json
 from dataclasses import asdict
+from typing import Any
 
 from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response
@@ -13,32 +14,73 @@ from starlette.responses import JSONResponse, PlainTextResponse, Response
 from ..backend import common_prefix
 from ..errors import LocalspecError
 from ..fim import FimUnsupported, fim_stop_tokens, infill_tokens, require_fim
-from . import shapes
-from .chat import conversation
+from .chat import conversation, live_fields, localspec_stats, timings
 from .http import Run, ServerState, read_body, read_json, require_serving, stream
 from .infill import check_infill_body
 from .metrics import prometheus_text
 from .apierrors import ApiError
-from .fields import boolean, pick_fields, string
 from .openai_api import chat_messages, completion_tokens
-from .settings import Extras, gen_settings
+from .settings import MISSING, Extras, boolean, gen_settings, string
 from .tools import tool_request
+
+
+STOP_TYPE = {"eos": "eos", "stop": "word"}  # anything else -> "limit"
+
+
+def native_final(content: str, st, model: str, cfg, stopping_word: str = "") -> dict:
+    """/completion and /infill (non-streamed, or the last streamed event with content "")."""
+    return {
+        "index": 0, "content": content, "tokens": [], "id_slot": 0, "stop": True, "model": model,
+        "tokens_predicted": st.tokens, "tokens_evaluated": st.prompt_tokens,
+        "generation_settings": generation_settings(cfg), "prompt": "",
+        "has_new_line": "\n" in content, "truncated": st.stop_reason == "context",
+        "stop_type": STOP_TYPE.get(st.stop_reason, "limit"), "stopping_word": stopping_word,
+        "tokens_cached": st.prompt_tokens + st.tokens, "timings": timings(st), "localspec": localspec_stats(st),
+    }
+
+
+def native_partial(text: str, n_decoded: int, prompt_len: int) -> dict:
+    return {"index": 0, "content": text, "tokens": [], "stop": False, "id_slot": 0,
+            "tokens_predicted": n_decoded, "tokens_evaluated": prompt_len}
+
+
+def generation_settings(cfg) -> dict:
+    return {"n_predict": cfg.max_tokens, "temperature": cfg.temperature, "top_k": cfg.top_k, "top_p": cfg.top_p,
+            "min_p": cfg.min_p, "seed": -1 if cfg.seed is None else cfg.seed, "stop": list(cfg.stop),
+            "speculative.n_max": cfg.draft_max, "speculative.n_min": cfg.draft_min, "speculative.p_min": cfg.p_min,
+            "spec": cfg.spec, "drafter": cfg.drafter}
+
+
+def pick_fields(obj: dict, paths: list[str]) -> dict:
+    """llama-server's `response_fields`: {"timings/prompt_n": ..., "content": ...}, flat, paths that
+    exist only."""
+    out = {}
+    for path in paths:
+        cur: Any = obj
+        for part in path.split("/"):
+            if not isinstance(cur, dict) or part not in cur:
+                cur = MISSING
+                break
+            cur = cur[part]
+        if cur is not MISSING:
+            out[path] = cur
+    return out
 
 
 async def _native(request: Request, state: ServerState, run: Run, cfg, extras: Extras) -> Response:
     prompt_len = await run.start(request)
     if not extras.stream:
         text, st = await run.collect(request)
-        out = shapes.native_final(text, st, state.model_id, cfg)
+        out = native_final(text, st, state.model_id, cfg)
         return JSONResponse(pick_fields(out, extras.response_fields) if extras.response_fields else out)
 
     async def events():
         n = 0
         async for text in run.texts():
             n += 1
-            chunk = shapes.native_partial(text, n, prompt_len)
-            yield chunk if run.live is None else {**chunk, **shapes.live_fields(run.live)}
-        yield shapes.native_final("", run.stats, state.model_id, cfg)
+            chunk = native_partial(text, n, prompt_len)
+            yield chunk if run.live is None else {**chunk, **live_fields(run.live)}
+        yield native_final("", run.stats, state.model_id, cfg)
     return stream(run, events())
 
 
@@ -103,7 +145,7 @@ async def props(request: Request, state: ServerState) -> Response:
     srv = state.server
     sess, m = srv.session, srv.model
     return JSONResponse({
-        "default_generation_settings": {"params": shapes.generation_settings(sess.gen),
+        "default_generation_settings": {"params": generation_settings(sess.gen),
                                         "n_ctx": srv.engine.target.n_ctx},
         "total_slots": len(srv.engine.lanes), "model_alias": state.model_id, "model_path": str(m.path),
         "modalities": {"vision": False, "audio": False},

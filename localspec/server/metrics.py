@@ -7,8 +7,10 @@ import threading
 
 
 class Metrics:
-    def __init__(self):
+    def __init__(self, jobs=None):
+        """jobs: the server's `JobQueue`, whose waiting and running jobs are the two request gauges."""
         self.lock = threading.Lock()
+        self.jobs = jobs
         self.requests = 0
         self.prompt_tokens = 0  # evaluated (not served from the cache)
         self.prompt_cached = 0
@@ -21,8 +23,6 @@ class Metrics:
         self.draft_rounds = 0
         self.by_drafter: dict[str, list[int]] = {}  # drafter -> [drafted, accepted]
         self.n_tokens_max = 0
-        self.processing = 0
-        self.deferred = 0
 
     def add(self, st) -> None:
         with self.lock:
@@ -48,6 +48,7 @@ class Metrics:
 
     def samples(self, swapped: int = 0) -> list[tuple[str, str, str, str, float]]:
         """(name, kind, help, labels, value) rows; labels as Prometheus writes them inside braces."""
+        processing, deferred = (len(self.jobs.running), self.jobs.qsize()) if self.jobs else (0, 0)
         with self.lock:
             rows = [
                 ("llamacpp:prompt_tokens_total", "counter", "Number of prompt tokens processed.", self.prompt_tokens),
@@ -59,8 +60,8 @@ class Metrics:
                  round(self.prompt_tokens / self.prompt_s, 3) if self.prompt_s else 0),
                 ("llamacpp:predicted_tokens_seconds", "gauge", "Average generation throughput in tokens/s.",
                  round(self.predicted / self.predicted_s, 3) if self.predicted_s else 0),
-                ("llamacpp:requests_processing", "gauge", "Number of requests processing.", self.processing),
-                ("llamacpp:requests_deferred", "gauge", "Number of requests deferred.", max(0, self.deferred)),
+                ("llamacpp:requests_processing", "gauge", "Number of requests processing.", processing),
+                ("llamacpp:requests_deferred", "gauge", "Number of requests deferred.", deferred),
                 ("llamacpp:n_tokens_max", "counter", "Largest observed n_tokens.", self.n_tokens_max),
                 ("llamacpp:spec_decode_num_draft_tokens_total", "counter", "Total draft tokens generated.", self.drafted),
                 ("llamacpp:spec_decode_num_accepted_tokens_total", "counter", "Total draft tokens accepted.", self.accepted),

@@ -20,13 +20,11 @@ from starlette.responses import JSONResponse, Response
 from ..chat_format import Message
 from ..models.gguf_header import read_header_file
 from ..fim import FimUnsupported, fim_stop_tokens, infill_tokens, require_fim
-from . import shapes
-from .chat import LENGTH, ChatRequest, End, Text, ToolCall, open_chat
-from .http import ServerState, read_body, require_serving
+from .chat import LENGTH, ChatRequest, End, Text, ToolCall, localspec_stats, open_chat
+from .http import ServerState, keep_alive_seconds, read_body, require_serving
 from .apierrors import ApiError
-from .fields import boolean, keep_alive_seconds, string
 from .ollama_models import entry, loaded_entry
-from .settings import LOCALSPEC_FIELDS, gen_settings
+from .settings import LOCALSPEC_FIELDS, boolean, gen_settings, string
 from .tools import call_arguments, tool_request
 
 VERSION = "0.12.6"  # the Ollama API level answered here (clients compare it against their minimum)
@@ -117,7 +115,7 @@ def _figures(end: End) -> dict:
            "prompt_eval_count": st.prompt_tokens, "prompt_eval_duration": int(st.prompt_eval_s * 1e9),
            "eval_count": st.tokens, "eval_duration": int(st.generation_s * 1e9),
            "draft_n": st.drafted, "draft_n_accepted": st.accepted}
-    out["localspec"] = shapes.localspec_stats(st)
+    out["localspec"] = localspec_stats(st)
     return out
 
 

@@ -16,8 +16,8 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from ..errors import LocalspecError
 from ..models.gguf_header import read_header_file
+from .settings import boolean
 from .apierrors import ApiError
-from .fields import boolean
 from .http import ServerState, read_json, require_serving
 
 FOREVER = dt.datetime(2318, 1, 1, tzinfo=dt.timezone.utc)  # Ollama's "loaded until stopped"

@@ -3,6 +3,7 @@ model list: requests in as `ChatRequest`s, events out as JSON or SSE `data:` lin
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 from starlette.requests import Request
@@ -10,12 +11,11 @@ from starlette.responses import JSONResponse, Response
 
 from ..chat_format import ROLE_ALIASES, ROLES, canonical_role
 from ..chat_format import Message
-from . import shapes
 from .apierrors import ApiError
-from .chat import LENGTH, TOOL_CALLS, ChatRequest, End, Idle, Text, ToolCall, end_of, open_chat
+from .chat import (LENGTH, TOOL_CALLS, ChatRequest, End, Idle, Text, ToolCall, end_of, live_fields,
+                   localspec_stats, new_id, open_chat, timings)
 from .http import KEEPALIVE, KEEPALIVE_S, Run, ServerState, read_body, require_serving, stream
-from .fields import _MISSING, boolean
-from .settings import gen_settings
+from .settings import MISSING, boolean, gen_settings
 from .tools import call_arguments, tool_request
 
 FINISH = {LENGTH: "length", TOOL_CALLS: "tool_calls"}  # the rest: "stop"
@@ -30,23 +30,23 @@ async def chat_completions(request: Request, state: ServerState) -> Response:
     cfg, extras = gen_settings(body, state.server.session.gen, oai=True)
     chat = ChatRequest(cfg, extras, chat_messages(body), tool_request(body))
     run = await open_chat(request, state, chat)
-    obj_id, model = shapes.new_id("chatcmpl"), state.model_id
+    obj_id, model = new_id("chatcmpl"), state.model_id
     if not extras.stream:
         a = await run.answer(request)
-        return JSONResponse(shapes.oai_chat(obj_id, model, a.content, a.end.stats, a.calls, finish(a.end)))
+        return JSONResponse(oai_chat(obj_id, model, a.content, a.end.stats, a.calls, finish(a.end)))
 
     async def events():
-        yield shapes.oai_chat_chunk(obj_id, model, {"role": "assistant", "content": None})
+        yield oai_chat_chunk(obj_id, model, {"role": "assistant", "content": None})
         async for ev in run.events(idle_s=KEEPALIVE_S):
             if isinstance(ev, Idle):
                 yield KEEPALIVE
             elif isinstance(ev, Text):
-                chunk = shapes.oai_chat_chunk(obj_id, model, {"content": ev.text})
-                yield chunk if ev.live is None else {**chunk, **shapes.live_fields(ev.live)}
+                chunk = oai_chat_chunk(obj_id, model, {"content": ev.text})
+                yield chunk if ev.live is None else {**chunk, **live_fields(ev.live)}
             elif isinstance(ev, ToolCall):
-                yield shapes.oai_chat_chunk(obj_id, model, {"tool_calls": [{"index": ev.index, **ev.call}]})
+                yield oai_chat_chunk(obj_id, model, {"tool_calls": [{"index": ev.index, **ev.call}]})
             else:
-                last = shapes.oai_chat_chunk(obj_id, model, {}, finish(ev))
+                last = oai_chat_chunk(obj_id, model, {}, finish(ev))
                 for out in stream_end(last, ev.stats, "chat.completion.chunk", extras.include_usage):
                     yield out
     return run.stream(events())
@@ -55,8 +55,8 @@ async def chat_completions(request: Request, state: ServerState) -> Response:
 def stream_end(last: dict, st, kind: str, include_usage: bool) -> list:
     """An OpenAI stream's last events: the finishing chunk with the figures, the usage chunk when asked
     for (empty choices), then [DONE]."""
-    last.update(timings=shapes.timings(st), localspec=shapes.localspec_stats(st))
-    usage = [shapes.usage_chunk(last["id"], last["model"], kind, st)] if include_usage else []
+    last.update(timings=timings(st), localspec=localspec_stats(st))
+    usage = [usage_chunk(last["id"], last["model"], kind, st)] if include_usage else []
     return [last, *usage, "data: [DONE]\n\n"]
 
 
@@ -66,17 +66,17 @@ async def completions(request: Request, state: ServerState) -> Response:
     tokens = completion_tokens(body)
     run = Run(state, lambda engine: (tokens(engine), cfg), extras)
     await run.start(request)
-    obj_id, model = shapes.new_id("cmpl"), state.model_id
+    obj_id, model = new_id("cmpl"), state.model_id
     if not extras.stream:
         text, st = await run.collect(request)
-        return JSONResponse(shapes.oai_completion(obj_id, model, text, st, finish(end_of(st, []))))
+        return JSONResponse(oai_completion(obj_id, model, text, st, finish(end_of(st, []))))
 
     async def events():
         async for text in run.texts():
-            chunk = shapes.oai_completion(obj_id, model, text)
-            yield chunk if run.live is None else {**chunk, **shapes.live_fields(run.live)}
+            chunk = oai_completion(obj_id, model, text)
+            yield chunk if run.live is None else {**chunk, **live_fields(run.live)}
         st = run.stats
-        last = shapes.oai_completion(obj_id, model, "", None, finish(end_of(st, [])))
+        last = oai_completion(obj_id, model, "", None, finish(end_of(st, [])))
         for out in stream_end(last, st, "text_completion", extras.include_usage):
             yield out
     return stream(run, events())
@@ -168,8 +168,8 @@ def _content_text(content: Any, i: int) -> str:
 
 def completion_prompt(body: dict) -> str | list[int]:
     """`prompt` as text, or as token ids (llama-server accepts both); one prompt per request."""
-    p = body.get("prompt", _MISSING)
-    if p is _MISSING or p is None:
+    p = body.get("prompt", MISSING)
+    if p is MISSING or p is None:
         raise ApiError(400, '"prompt" is required')
     if isinstance(p, list) and len(p) == 1 and isinstance(p[0], (str, list)):
         p = p[0]  # a batch of one
@@ -193,3 +193,52 @@ def completion_tokens(body: dict):
             raise ApiError(400, f'"prompt" has a token id outside the vocabulary (0..{m.n_vocab - 1})')
         return prompt
     return tokens
+
+
+# --- OpenAI's response shapes (llama-server's: with `timings` and localspec's figures) ------------------
+def usage(st) -> dict:
+    return {"completion_tokens": st.tokens, "prompt_tokens": st.prompt_tokens,
+            "total_tokens": st.tokens + st.prompt_tokens,
+            "prompt_tokens_details": {"cached_tokens": st.prompt_tokens - st.prompt_eval_tokens},
+            "completion_tokens_details": {"reasoning_tokens": 0,  # predicted outputs, as OpenAI counts them
+                                          "accepted_prediction_tokens": st.prediction_accepted,
+                                          "rejected_prediction_tokens": st.prediction_rejected}}
+
+
+def _oai_head(obj_id: str, model: str, kind: str) -> dict:
+    return {"id": obj_id, "object": kind, "created": int(time.time()), "model": model,
+            "system_fingerprint": "localspec"}
+
+
+def oai_completion(obj_id: str, model: str, text: str | None, st=None, finish: str | None = None) -> dict:
+    """/v1/completions: the whole answer (st given) or one streamed piece."""
+    out = _oai_head(obj_id, model, "text_completion")
+    out["choices"] = [{"text": text or "", "index": 0, "logprobs": None, "finish_reason": finish}]
+    if st is not None:
+        out["usage"] = usage(st)
+        out["timings"] = timings(st)
+        out["localspec"] = localspec_stats(st)
+    return out
+
+
+def oai_chat(obj_id: str, model: str, text: str, st, tool_calls: list, finish: str) -> dict:
+    out = _oai_head(obj_id, model, "chat.completion")
+    message = {"role": "assistant", "content": text or (None if tool_calls else text)}
+    if tool_calls:
+        message["tool_calls"] = tool_calls
+    out["choices"] = [{"index": 0, "finish_reason": finish, "message": message}]
+    out.update(usage=usage(st), timings=timings(st), localspec=localspec_stats(st))
+    return out
+
+
+def oai_chat_chunk(obj_id: str, model: str, delta: dict, finish: str | None = None) -> dict:
+    out = _oai_head(obj_id, model, "chat.completion.chunk")
+    out["choices"] = [{"index": 0, "finish_reason": finish, "delta": delta}]
+    return out
+
+
+def usage_chunk(obj_id: str, model: str, kind: str, st) -> dict:
+    """The extra last event of stream_options.include_usage: empty choices, the usage."""
+    out = _oai_head(obj_id, model, kind)
+    out.update(choices=[], usage=usage(st))
+    return out

@@ -19,12 +19,11 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from ..chat_format import Message
-from . import shapes
-from .chat import LENGTH, Answer, ChatRequest, End, Idle, Text, ToolCall, joined_text, open_chat, prompt_size
+from .chat import (LENGTH, Answer, ChatRequest, End, Idle, Text, ToolCall, joined_text, localspec_stats,
+                   open_chat, prompt_size, timings)
 from .http import KEEPALIVE, KEEPALIVE_S, ServerState, named_sse, read_body
 from .apierrors import ApiError, log_note
-from .fields import boolean, integer, string
-from .settings import LOCALSPEC_FIELDS, gen_settings
+from .settings import LOCALSPEC_FIELDS, boolean, gen_settings, integer, string
 from .tools import call_arguments, tool_request
 
 REMEMBERED = 256  # responses kept for previous_response_id, oldest forgotten first
@@ -197,7 +196,7 @@ class ResponseObject:
                             "total_tokens": st.prompt_tokens + st.tokens,
                             "input_tokens_details": {"cached_tokens": st.prompt_tokens - st.prompt_eval_tokens},
                             "output_tokens_details": {"reasoning_tokens": 0}}
-            out.update(timings=shapes.timings(st), localspec=shapes.localspec_stats(st))
+            out.update(timings=timings(st), localspec=localspec_stats(st))
         return out
 
 

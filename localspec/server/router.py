@@ -217,7 +217,7 @@ class Router:
                     slot.status, slot.error = "failed", state.load_error or "the model did not load"
                     if not self.single:
                         self.recipe.notify(f"error: {slot.entry.name}: {slot.error}")
-        except ApiError as e:  # no room: the model stays unloaded, the next request tries again
+        except ApiError:  # no room: the model stays unloaded, the next request tries again
             slot.status, slot.error = "unloaded", None
             raise
         except LocalspecError as e:  # its file is missing, truncated or not a GGUF: this model fails, not others

@@ -1,6 +1,6 @@
-"""A request's generation settings: the server's defaults (`localspec serve` flags, the pair's settings)
-overridden by the fields each protocol shares (sampling, stop strings, speculation, predicted output,
-`logit_bias`, grammars and JSON schemas)."""
+"""Request fields, each validated on its own, and a request's generation settings: the server's defaults
+(`localspec serve` flags, the pair's settings) overridden by the fields each protocol shares (sampling,
+stop strings, speculation, predicted output, `logit_bias`, grammars and JSON schemas)."""
 
 from __future__ import annotations
 
@@ -10,11 +10,62 @@ from dataclasses import dataclass, field, replace
 from ..config import GenConfig
 from ..errors import LocalspecError
 from .apierrors import ApiError
-from .fields import boolean, integer, number, stop_strings, string
 
 SPEC_MODES = ("on", "off", "auto")
 DRAFTERS = ("model", "ngram", "hybrid")
 LOCALSPEC_FIELDS = ("spec", "drafter", "speculative", "exact")  # localspec's own request fields, on every protocol
+
+
+# --- one field at a time: a known field of the wrong type is a 400 that names it; unknown fields are
+# ignored (never a 422) --------------------------------------------------------------------------------
+MISSING = object()  # no such field in the body
+
+
+def _get(body: dict, key: str, kind, what: str, default=None):
+    v = body.get(key, MISSING)
+    if v is MISSING or v is None:
+        return default
+    ok = isinstance(v, kind) and not (isinstance(v, bool) and kind is not bool)
+    if kind is float and isinstance(v, int) and not isinstance(v, bool):
+        v, ok = float(v), True
+    if not ok or (isinstance(v, float) and not math.isfinite(v)):
+        raise ApiError(400, f'"{key}" must be {what}')
+    return v
+
+
+def number(body: dict, key: str, lo: float | None = None, hi: float | None = None, default=None) -> float | None:
+    v = _get(body, key, float, "a number", default)
+    if v is not None and ((lo is not None and v < lo) or (hi is not None and v > hi)):
+        rng = f"between {lo:g} and {hi:g}" if lo is not None and hi is not None else f"at least {lo:g}"
+        raise ApiError(400, f'"{key}" must be {rng}')
+    return v
+
+
+def integer(body: dict, key: str, lo: int | None = None, default=None) -> int | None:
+    v = _get(body, key, int, "a whole number", default)
+    if v is not None and lo is not None and v < lo:
+        raise ApiError(400, f'"{key}" must be {lo} or more')
+    return v
+
+
+def string(body: dict, key: str, default=None) -> str | None:
+    return _get(body, key, str, "a string", default)
+
+
+def boolean(body: dict, key: str, default: bool = False) -> bool:
+    return _get(body, key, bool, "true or false", default)
+
+
+def stop_strings(body: dict) -> list[str]:
+    v = body.get("stop")
+    if v is None:
+        return []
+    if isinstance(v, str):
+        return [v]
+    if isinstance(v, list) and all(isinstance(s, str) for s in v):
+        return list(v)
+    raise ApiError(400, '"stop" must be a string or a list of strings')
+
 
 
 @dataclass

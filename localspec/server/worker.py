@@ -67,8 +67,8 @@ class ServerSession:
         self.engine = session.engine
         editor = editor or EditorSettings()
         self.fim = EditorWindows(self.engine.target_model, editor.budget) if editor.layout == "editor" else None
-        self.metrics = Metrics()
         self.jobs = JobQueue(self._superseded)
+        self.metrics = Metrics(self.jobs)
         self.idle_prompt: list[int] | None = None  # a warm-up cut short by a request: finished when idle
         self.lanes = LanePool(self.engine)
         self.measure_pending = self.engine.profile is None or attention.engine_pending(self.engine)
@@ -86,15 +86,7 @@ class ServerSession:
             raise ApiError(503, "the server is shutting down")
         if self.jobs.qsize() >= MAX_WAITING:
             raise ApiError(503, f"{MAX_WAITING} requests are already waiting; try again when they are done")
-        self.metrics.deferred += 1
         self.jobs.put(job)
-
-    def withdraw(self, job: Job) -> None:
-        """A client hung up: its job ends, and if it was still waiting it leaves the queue now (its place
-        counted against MAX_WAITING until a lane would have popped it)."""
-        job.cancel.set()
-        if self.jobs.discard(job):
-            self.metrics.deferred -= 1
 
     def begin_shutdown(self) -> None:
         """The first Ctrl-C or SIGTERM: refuse new jobs, end the waiting ones and the running one with an
@@ -134,7 +126,6 @@ class ServerSession:
 
     def _superseded(self, job: Job) -> None:
         """A newer completion from the same editor slot replaced this waiting one: an empty answer."""
-        self.metrics.deferred -= 1
         job.cancel.set()
         job.emit(("start", 0))
         job.emit(("done", Stats(stop_reason="superseded", spec_mode="off")))
@@ -152,11 +143,9 @@ class ServerSession:
                 continue
             if job is None:
                 return
-            self.metrics.deferred -= 1
             if job.cancel.is_set():
                 continue
             self.jobs.running.add(job)
-            self.metrics.processing = len(self.jobs.running)
             try:
                 self._serve(job)
                 self.measure_pending = True
@@ -164,7 +153,6 @@ class ServerSession:
                 log_unexpected("the generation thread", e)
             finally:
                 self.jobs.running.discard(job)
-                self.metrics.processing = len(self.jobs.running)
 
     measure_pending = False  # a job ran since the last idle-time measurement
     idle_watch: CpuWatch | None = None  # the other processes' CPU since this worker began waiting
