@@ -27,7 +27,7 @@ from .errors import ConfigError, ContextFullError
 from .lane import Lane
 from .loop import speculative_decode
 from .ngram import NgramDrafter, NgramMemory
-from .policy import FixedK, make_policy
+from .policy import REPEATABLE_MIN_MATCH, FixedK, make_policy
 from .predictions import estimated_speedup
 from .promptcache import prompt_cache_for
 from .promptfills import PromptFills
@@ -277,7 +277,8 @@ class Engine:
         if drafter is None:
             return None, FixedK(0)
         if self.decides_from_request_alone(cfg):  # priced alike whatever this machine measured and runs now
-            return drafter, make_policy(cfg, reference_profile("gpu" if self.on_gpu(self.load) else "cpu"), drafter)
+            return drafter, make_policy(cfg, reference_profile("gpu" if self.on_gpu(self.load) else "cpu"), drafter,
+                                        min_match=REPEATABLE_MIN_MATCH)
         profile = self.profile.at_depth(depth) if self.profile is not None else None
         load = (lambda: self.batcher.others(lane.seq)) if self.batcher is not None else None
         return drafter, make_policy(cfg, profile, drafter, load)

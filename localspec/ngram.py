@@ -203,7 +203,8 @@ class NgramDrafter:
         if f is None:
             return Draft(source=self.name)
         found = self._ahead(f, min(self.k_max, room)).tokens
-        k = policy.k_for(self.name, len(found), f.match, f.origin, resync=bool(f.resync)) if found else 0
+        agreed = f.copied if f.resync else f.match  # a copy resuming after an edit: how long it had held
+        k = policy.k_for(self.name, len(found), agreed, f.origin, resync=bool(f.resync)) if found else 0
         return Draft(tokens=found[:k], probs=[None] * k, source=self.name, match_len=f.match,
                      shadow=found if found and not k else None, origin=f.origin, resync=bool(f.resync))
 

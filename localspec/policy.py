@@ -14,6 +14,10 @@
   ("shadow" drafts). Under greedy decoding that match is exactly the acceptance a verification
   would have given; under sampling its expectation is p(x), the acceptance probability. This is
   how auto turns speculation back on when the text starts repeating, at no cost.
+
+  A greedy answer that must repeat (`Engine.decides_from_request_alone`) drafts from its text only where
+  the match is as long as llama-server's --spec-default asks (`REPEATABLE_MIN_MATCH`): a copy, not a
+  chance match whose verify pass could part from plain decoding at a near-tie.
 """
 
 from __future__ import annotations
@@ -41,6 +45,11 @@ class FixedK:
 
 
 NGRAM_BUCKETS = (2, 3, 4, 8, 16, 32, 64)  # match lengths whose acceptance is tracked separately
+# A greedy answer that must repeat drafts from its text only where the match reaches back this far, as
+# llama-server's --spec-default asks: every verify pass, even one whose draft is rejected, computes the next
+# token in a batch, which can part from plain decoding at a near-tie (docs/EXACT.md); a chance match in a
+# chat or code answer risks that for a few tokens, a copy pays for it.
+REPEATABLE_MIN_MATCH = 24
 
 
 def _bucket(source: str, match_len: int, origin: str = "", resync: bool = False) -> tuple[str, int]:
@@ -77,10 +86,12 @@ class AdaptivePolicy:
     # in a burst) is the whole answer's time: a probe only when catching up costs at most this many decodes
     PROBE_CATCH_UP_DECODES = 4.0
 
-    def __init__(self, costs: CostProfile, k_max: int, load=None):
+    def __init__(self, costs: CostProfile, k_max: int, load=None, min_match: int = 0):
         """load(): (tokens, sequences) the other requests put in the last shared pass (continuous
-        batching), so drafts are priced by what they add to everyone's step; None: alone."""
-        self.costs, self.k_max, self.load = costs, k_max, load
+        batching), so drafts are priced by what they add to everyone's step; None: alone. min_match: an
+        n-gram proposal drafts only once its match (a copy resuming after an edit: how long it had held) is
+        this long, unless it comes from the request's predicted output."""
+        self.costs, self.k_max, self.load, self.min_match = costs, k_max, load, min_match
         self.alpha: dict[tuple[str, int], float] = {}  # the current estimate per bucket
         self.counts: dict[tuple[str, int], tuple[float, float]] = {}  # (hits, misses), decayed
         self.shadow: tuple[tuple[str, int], int, list[int]] | None = None  # (bucket, start, tokens)
@@ -106,6 +117,8 @@ class AdaptivePolicy:
               resync: bool = False) -> int:
         """catch_up(): tokens of text the draft model's cache lacks (evaluated before it can draft);
         asked only when it decides (a prefix check over the whole text each round would cost every round)."""
+        if source == "ngram" and match_len < self.min_match and origin != "prediction":
+            return 0  # kept as the shadow: its acceptance is still learnt
         a = self.estimate(_bucket(source, match_len, origin, resync))
         rows, others, newcomer = self.load() if self.load is not None else (0, 0, False)
         if newcomer:  # a newer request's first steps go at single-token speed: no drafts meanwhile
@@ -173,11 +186,11 @@ class AdaptivePolicy:
                 f"T_verify/T_decode = {', '.join(f'{x:.2f}' for x in self.costs.relative_verify()[:6])}")
 
 
-def make_policy(cfg: GenConfig, profile: CostProfile | None, drafter, load=None):
+def make_policy(cfg: GenConfig, profile: CostProfile | None, drafter, load=None, min_match: int = 0):
     if cfg.spec == "on":
         return FixedK(max(cfg.draft_max, cfg.ngram_draft_max))  # each drafter applies its own cap
     if cfg.spec == "auto":
         if profile is None:
             raise ValueError("--spec auto needs a cost profile (the engine measures one)")
-        return AdaptivePolicy(profile, max(cfg.draft_max, cfg.ngram_draft_max), load)
+        return AdaptivePolicy(profile, max(cfg.draft_max, cfg.ngram_draft_max), load, min_match)
     return FixedK(0)

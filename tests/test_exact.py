@@ -11,6 +11,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 from conftest import THREADS
 from tinygguf import build_tiny_model
@@ -18,6 +19,7 @@ from tinygguf import build_tiny_model
 from localspec.config import GenConfig, LoadConfig
 from localspec.costmodel import CostProfile
 from localspec.engine import Engine
+from localspec.policy import REPEATABLE_MIN_MATCH
 from localspec.server.apierrors import ApiError
 from localspec.server.settings import gen_settings
 
@@ -103,6 +105,9 @@ def test_greedy_drafts_come_from_the_request_alone_whatever_ran_before(tiny):
     assert "T_verify/T_decode = 1.00, 1.80" in fresh[2]  # priced by the reference curve, not this machine's
     sampled = answer(prompt, cfg.with_(temperature=0.7, seed=3))
     assert "T_verify/T_decode = 1.00, 1.00" in sampled[2]  # sampling keeps the measured figures
+    rng = np.random.default_rng(0)
+    assert e._drafting(cfg, rng, e.lane, len(prompt))[1].min_match == REPEATABLE_MIN_MATCH  # copies only
+    assert e._drafting(cfg.with_(temperature=0.7), rng, e.lane, len(prompt))[1].min_match == 0
     e.close()
 
 

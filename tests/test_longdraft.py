@@ -246,3 +246,38 @@ def test_a_name_renamed_into_other_tokens_is_learned_where_the_copy_is_found_aga
     assert not d.rewrites
     seq += src[56:58]
     assert d.propose(seq, 64, FixedK(64)).tokens[:3] == src[58:61]  # ...and the copy goes on
+
+
+def test_an_answer_that_must_repeat_drafts_only_from_a_copy():
+    """Greedy answers that must repeat (min_match): a chance match in the text stays a shadow however well its
+    bucket did; a match as long as llama-server's --spec-default asks drafts; a copy resuming after an edit
+    drafts when the copy had held that long; a request's predicted output drafts from the first token."""
+    from localspec.policy import REPEATABLE_MIN_MATCH as N
+
+    pol = AdaptivePolicy(CPU, 64, min_match=N)
+    for b in (16, 32):
+        pol.alpha[("ngram", b)] = 0.999
+    pol.alpha[("resync", 0)] = pol.alpha[("prediction", 2)] = 0.999
+    assert pol.k_for("ngram", 64, N - 1, "text") == 0
+    assert pol.k_for("ngram", 64, N, "text") >= 15
+    assert pol.k_for("ngram", 64, N - 1, "text", resync=True) == 0
+    assert pol.k_for("ngram", 64, N, "text", resync=True) >= 15
+    assert pol.k_for("ngram", 64, 2, "prediction") >= 15
+    free = AdaptivePolicy(CPU, 64)  # any other answer: as before
+    free.alpha[("ngram", 16)] = 0.999
+    assert free.k_for("ngram", 64, N - 1, "text") >= 15
+
+
+def test_a_copy_resuming_after_an_edit_is_judged_by_how_long_it_had_held():
+    seen = []
+
+    class Recorder(FixedK):
+        def k_for(self, source, k_max, match_len=0, origin="", catch_up=None, resync=False):
+            seen.append((match_len, resync))
+            return super().k_for(source, k_max, match_len, origin, catch_up, resync)
+
+    src = list(range(100, 160))
+    d, seq = copying(src)
+    seq += [*src[12:30], 7]  # the copy held 30 tokens, then the target's own token replaced src[30]
+    assert d.propose(seq, 64, Recorder(64)).resync
+    assert seen[-1] == (30, True)  # its evidence is the 30 tokens it held, not the 0 since the edit
