@@ -31,6 +31,9 @@ interpreter, so every machine has them):
   code        write a function
   chat        short questions
   quote       summaries that quote a document
+and the project's own task prompts (localspec/workloads: code, chat, support; the benchmark's):
+  tasks       30 more prompts with their system prompts, so a count of equal greedy texts rests on more
+              than a handful of answers
 """
 
 from __future__ import annotations
@@ -80,6 +83,8 @@ QUOTE_DOCS = [("textwrap.py", "Quote, word for word, the docstring of the `TextW
                "two sentences."),
               ("shlex.py", "Quote the first line of every method of the `shlex` class that has a docstring, each on "
                "its own line, then say in one sentence what the class does.")]
+TASKS = Path(__file__).resolve().parent.parent / "localspec" / "workloads"
+TASK_KINDS = ("code", "chat", "support")
 EDIT_SUFFIX = "\n\nReturn the complete updated file in one ```python block, nothing else."
 
 
@@ -105,6 +110,12 @@ def workloads(names: list[str], quick: bool) -> list[tuple[str, dict]]:
             out += [(name, chat(p, 400)) for p in pick(CODE)]
         elif name == "chat":
             out += [(name, chat(p, 300)) for p in pick(CHAT)]
+        elif name == "tasks":
+            for kind in TASK_KINDS:
+                rows = [json.loads(line) for line in (TASKS / f"{kind}.jsonl").read_text().splitlines()]
+                out += [(name, {"messages": [{"role": "system", "content": r["system"]},
+                                             {"role": "user", "content": r["prompt"]}],
+                                "max_tokens": 300, "temperature": 0}) for r in pick(rows)]
         elif name == "quote":
             for f, task in pick(QUOTE_DOCS):
                 src = (STDLIB / f).read_text()[:6000]
