@@ -57,7 +57,8 @@ class NgramDrafter:
         """A new answer: what the last one's edits were says nothing about this one's."""
         self.edits = {"replace": 0, "insert": 0}  # the copy's edits so far that resumed it, by kind
         self.rewrites = Rewrites()
-        self.broken: tuple[list[int], int, int] | None = None  # (source, position, answer index) of a lost copy
+        # (source, position, answer index, how long it had held) of a lost copy
+        self.broken: tuple[list[int], int, int, int] | None = None
 
     def _attach(self, seq: list[int]) -> None:
         self.follow = None  # a copy followed in another sequence says nothing about this one
@@ -144,7 +145,7 @@ class NgramDrafter:
             return Follow(f.source, pos + (kind == "replace"), len(seq), 0, f.origin, resync=kind, copied=copied,
                           broke=(pos, f.at + held))
         if copied >= self.RESYNC_AFTER and not skip:  # lost: where the copy is found again says what the edit was
-            self.broken = (f.source, *(f.broke or (pos, f.at + held)))
+            self.broken = (f.source, *(f.broke or (pos, f.at + held)), copied)
         return None
 
     def _refound(self, found: "Follow", seq: list[int]) -> "Follow":
@@ -153,7 +154,7 @@ class NgramDrafter:
         (a name renamed into other tokens, `_extension_registry` -> `_EXTENSION_REGISTRY`)."""
         if self.broken is None:
             return found
-        source, p, at = self.broken
+        source, p, at, copied = self.broken
         q, end = found.pos - found.match, len(seq) - found.match  # where the agreement found again begins
         if found.source is source and p <= q <= p + Rewrites.MAX_LEN and at <= end <= at + Rewrites.MAX_LEN:
             key, made = tuple(source[p:q]), tuple(seq[at:end])
@@ -161,6 +162,7 @@ class NgramDrafter:
                 key, made = (source[p - 1],), (source[p - 1], *made)
             self.rewrites.add(key, made)
             self.broken = None
+            found.copied = max(found.copied, copied)  # the same copy, found again: its evidence goes on
         elif len(seq) - at > 2 * Rewrites.MAX_LEN:
             self.broken = None
         return found
@@ -203,8 +205,8 @@ class NgramDrafter:
         if f is None:
             return Draft(source=self.name)
         found = self._ahead(f, min(self.k_max, room)).tokens
-        agreed = f.copied if f.resync else f.match  # a copy resuming after an edit: how long it had held
-        k = policy.k_for(self.name, len(found), agreed, f.origin, resync=bool(f.resync)) if found else 0
+        k = policy.k_for(self.name, len(found), f.match, f.origin, resync=bool(f.resync),
+                         held=max(f.match, f.copied)) if found else 0
         return Draft(tokens=found[:k], probs=[None] * k, source=self.name, match_len=f.match,
                      shadow=found if found and not k else None, origin=f.origin, resync=bool(f.resync))
 

@@ -34,7 +34,7 @@ class FixedK:
         self.k = k
 
     def k_for(self, source: str, k_max: int, match_len: int = 0, origin: str = "", catch_up=None,
-              resync: bool = False) -> int:
+              resync: bool = False, held: int = 0) -> int:
         return min(self.k, k_max)
 
     def update(self, draft, accepted: int, seq: list[int]) -> None:
@@ -114,10 +114,11 @@ class AdaptivePolicy:
         return self.alpha[key]
 
     def k_for(self, source: str, k_max: int, match_len: int = 0, origin: str = "", catch_up=None,
-              resync: bool = False) -> int:
+              resync: bool = False, held: int = 0) -> int:
         """catch_up(): tokens of text the draft model's cache lacks (evaluated before it can draft);
-        asked only when it decides (a prefix check over the whole text each round would cost every round)."""
-        if source == "ngram" and match_len < self.min_match and origin != "prediction":
+        asked only when it decides (a prefix check over the whole text each round would cost every round).
+        held: how long an n-gram proposal's copy has held, before an edit it resumes after included."""
+        if source == "ngram" and max(match_len, held) < self.min_match and origin != "prediction":
             return 0  # kept as the shadow: its acceptance is still learnt
         a = self.estimate(_bucket(source, match_len, origin, resync))
         rows, others, newcomer = self.load() if self.load is not None else (0, 0, False)

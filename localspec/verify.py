@@ -51,6 +51,14 @@ def history_independence(engine, prompts: list[list[int]], cfg: GenConfig) -> di
     return {"parted_at": [first_parting(a, b) for a, b in zip(fresh, again)], "fresh": fresh, "again": again}
 
 
+def default_mode_partings(engine, prompts: list[list[int]], plains: list[list[int]], max_tokens: int) -> list:
+    """Where each prompt's greedy answer in the default mode (--spec auto: it drafts only where it pays)
+    first parts from plain decoding's `plains` (None: the same tokens)."""
+    cfg = GenConfig(temperature=0.0, max_tokens=max_tokens)
+    return [first_parting(plain, [c.token for c in engine.generate(p, cfg) if c.token is not None])
+            for p, plain in zip(prompts, plains)]
+
+
 def verify_exactness(engine, prompts: list[list[int]], cfg: GenConfig, exact: bool = False) -> dict:
     """exact: the engine runs batch-invariant kernels (--exact), so any parting from plain decoding is a fault."""
     noise = max(logit_noise(engine, p) for p in prompts)

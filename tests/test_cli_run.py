@@ -72,8 +72,11 @@ def test_auto_measures_a_profile_once_after_the_first_answer(tiny, localspec_hom
 def test_verify_reports_ok(tiny, cli):
     rc, out, err = cli("verify", *pair(tiny, tiny.perturbed), "-n", "24")
     assert rc == 0, out + err
-    assert out.strip().splitlines()[-1] == "verdict: OK"
+    lines = out.strip().splitlines()
+    assert lines[-1] == "verdict: OK"
     assert out.startswith("logit noise between batched and single-token evaluation: ")
+    assert re.fullmatch(r"default mode: [0-3] of 3 answers \(--spec auto\) the same as --spec off's(; parted at .*)?",
+                        lines[-3]), out
 
 
 def test_verify_against_another_build(tiny, cli, tmp_path):

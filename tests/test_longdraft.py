@@ -255,13 +255,14 @@ def test_an_answer_that_must_repeat_drafts_only_from_a_copy():
     from localspec.policy import REPEATABLE_MIN_MATCH as N
 
     pol = AdaptivePolicy(CPU, 64, min_match=N)
-    for b in (16, 32):
+    for b in (4, 16, 32):
         pol.alpha[("ngram", b)] = 0.999
     pol.alpha[("resync", 0)] = pol.alpha[("prediction", 2)] = 0.999
     assert pol.k_for("ngram", 64, N - 1, "text") == 0
     assert pol.k_for("ngram", 64, N, "text") >= 15
-    assert pol.k_for("ngram", 64, N - 1, "text", resync=True) == 0
-    assert pol.k_for("ngram", 64, N, "text", resync=True) >= 15
+    assert pol.k_for("ngram", 64, 0, "text", resync=True, held=N - 1) == 0
+    assert pol.k_for("ngram", 64, 0, "text", resync=True, held=N) >= 15
+    assert pol.k_for("ngram", 64, 4, "text", held=N) >= 15  # a copy found again after an edit
     assert pol.k_for("ngram", 64, 2, "prediction") >= 15
     free = AdaptivePolicy(CPU, 64)  # any other answer: as before
     free.alpha[("ngram", 16)] = 0.999
@@ -272,9 +273,9 @@ def test_a_copy_resuming_after_an_edit_is_judged_by_how_long_it_had_held():
     seen = []
 
     class Recorder(FixedK):
-        def k_for(self, source, k_max, match_len=0, origin="", catch_up=None, resync=False):
-            seen.append((match_len, resync))
-            return super().k_for(source, k_max, match_len, origin, catch_up, resync)
+        def k_for(self, source, k_max, match_len=0, origin="", catch_up=None, resync=False, held=0):
+            seen.append((held, resync))
+            return super().k_for(source, k_max, match_len, origin, catch_up, resync, held)
 
     src = list(range(100, 160))
     d, seq = copying(src)

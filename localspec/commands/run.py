@@ -162,7 +162,7 @@ VERIFY_PROMPTS = [
 def cmd_verify(args) -> int:
     from ..config import GenConfig
     from ..session import ensure_profile
-    from ..verify import history_independence, verify_exactness
+    from ..verify import default_mode_partings, history_independence, verify_exactness
 
     other = read_verify_report(args.against) if args.against else None
     choice = model_choice(args)
@@ -175,7 +175,9 @@ def cmd_verify(args) -> int:
         ensure_profile(engine, "auto", stderr_note)
     history = history_independence(engine, prompts, GenConfig(temperature=0.0, max_tokens=args.max_tokens))
     report = verify_exactness(engine, prompts, cfg, exact=choice.exact) | {"history": history}
-    if choice.exact and any(i is not None for i in history["parted_at"]):
+    report["default_parted_at"] = default_mode_partings(engine, prompts, [r["plain"] for r in report["prompts"]],
+                                                        args.max_tokens)
+    if choice.exact and any(i is not None for i in [*history["parted_at"], *report["default_parted_at"]]):
         report["verdict"] = "MISMATCH"
     against = compare_reports(report, other, args.against) if other is not None else None
     if args.json:
@@ -189,6 +191,9 @@ def cmd_verify(args) -> int:
             else:
                 print(f"prompt {i + 1}: parted at token {r['parted_at']}, plain-run top-1/top-2 margin "
                       f"{r['margin']:.4f} ({'near-tie' if r['near_tie'] else 'NOT a near-tie'})")
+        parted = [i for i in report["default_parted_at"] if i is not None]
+        print(f"default mode: {len(prompts) - len(parted)} of {len(prompts)} answers (--spec auto) the same as "
+              f"--spec off's" + (f"; parted at token {', '.join(map(str, parted))}" if parted else ""))
         parted = [i for i in history["parted_at"] if i is not None]
         print(f"history: {len(prompts) - len(parted)} of {len(prompts)} answers (--spec auto) the same fresh and "
               f"after other requests" + (f"; parted at token {', '.join(map(str, parted))}" if parted else ""))
