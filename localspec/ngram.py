@@ -30,6 +30,7 @@ class NgramDrafter:
     # a copy resumes after an edit only when it had held this long (a copied file, not a chance match
     # in a chat answer); once after each edit until the resumed copy holds
     RESYNC_AFTER = 8
+    WHOLE_ANSWER_COPY = 8  # an answer that has copied one place this long from its first token on is a copy
 
     def __init__(self, n_min: int = 2, n_max: int = 4, k_max: int = 64, memory: "NgramMemory | None" = None):
         self.n_min, self.n_max, self.k_max = n_min, n_max, k_max
@@ -42,12 +43,14 @@ class NgramDrafter:
         self.memory = memory if memory is not None else NgramMemory()
         self.recall = True  # whether this run may draft from the memory (not when its answer must be reproducible)
         self.follow: Follow | None = None  # the copy the last proposal came from
+        self.answer_start = 0  # where this generation's answer begins in `seq`
         self.prediction = Prediction([], 0, 0)  # the request's predicted output (empty: none)
         self._forget_edits()
 
     def begin(self, seq: list[int], prediction: list[int] | None = None) -> None:
         """A new generation over `seq` (the engine's list, which grows), with its predicted output if any."""
         self._attach(seq)
+        self.answer_start = len(seq)
         self.prediction = Prediction(list(prediction or []), self.n_min, self.n_max)
         # a prediction is the answer's expected text: its first token is the first guess
         self.follow = Follow(self.prediction.tokens, 0, len(seq), self.n_max, "prediction") if prediction else None
@@ -196,6 +199,14 @@ class NgramDrafter:
         k = slice(f.skip, f.skip + n)
         return Ahead(out.tokens[k], out.places[k], out.edited[k])
 
+    def _held(self, f: "Follow", seq: list[int]) -> int:
+        """How long the copy behind a proposal has held: its match, or before an edit it resumes after; an
+        answer that has been this copy from its first token on (a file returned whole) counts as fully held."""
+        answered = len(seq) - self.answer_start
+        if f.match >= answered >= self.WHOLE_ANSWER_COPY and not f.resync:
+            return self.MATCH_CAP
+        return max(f.match, f.copied)
+
     def remember(self, seq: list[int]) -> None:
         """Keep a finished generation's whole text (prompt and answer) for later lookups."""
         self.memory.remember(seq, self.n_min, self.n_max)
@@ -206,7 +217,7 @@ class NgramDrafter:
             return Draft(source=self.name)
         found = self._ahead(f, min(self.k_max, room)).tokens
         k = policy.k_for(self.name, len(found), f.match, f.origin, resync=bool(f.resync),
-                         held=max(f.match, f.copied)) if found else 0
+                         held=self._held(f, seq)) if found else 0
         return Draft(tokens=found[:k], probs=[None] * k, source=self.name, match_len=f.match,
                      shadow=found if found and not k else None, origin=f.origin, resync=bool(f.resync))
 

@@ -282,3 +282,25 @@ def test_a_copy_resuming_after_an_edit_is_judged_by_how_long_it_had_held():
     seq += [*src[12:30], 7]  # the copy held 30 tokens, then the target's own token replaced src[30]
     assert d.propose(seq, 64, Recorder(64)).resync
     assert seen[-1] == (30, True)  # its evidence is the 30 tokens it held, not the 0 since the edit
+
+
+def test_an_answer_that_has_been_one_copy_from_its_first_token_counts_as_fully_held():
+    """A file returned whole: once the answer has copied one place for WHOLE_ANSWER_COPY tokens from its start,
+    the copy counts as held as long as any, so a greedy answer that must repeat drafts it without waiting for a
+    24-token match; the same tokens copied after text of the answer's own count only their match."""
+    seen = []
+
+    class Recorder(FixedK):
+        def k_for(self, source, k_max, match_len=0, origin="", catch_up=None, resync=False, held=0):
+            seen.append(held)
+            return super().k_for(source, k_max, match_len, origin, catch_up, resync, held)
+
+    src = list(range(100, 160))
+    n = NgramDrafter.WHOLE_ANSWER_COPY
+    for own, expected in (([], NgramDrafter.MATCH_CAP), ([7, 8, 9], n)):
+        d = NgramDrafter(2, 4)
+        seq = [1, *src, 2]
+        d.begin(seq)
+        seq += [*own, *src[:n]]
+        d.propose(seq, 64, Recorder(64))
+        assert seen[-1] == expected, own
