@@ -17,7 +17,6 @@ import argparse
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -125,9 +124,10 @@ def _wait_health(port: int, proc: subprocess.Popen, timeout: float = 600) -> Non
 
 
 def trace_server(settle_s: float) -> dict[str, list[str]]:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+    from serverproc import free_port  # the port picker every script that starts servers uses
+
+    port = free_port()
     out = Path(f"/tmp/request-path-{os.getpid()}.json")
     proc = subprocess.Popen([sys.executable, __file__, "--serve-child", str(port), "--out", str(out)])
     try:
