@@ -16,7 +16,6 @@ import numpy as np
 
 from .attention import cpu_kernel
 from .backend import Context, GrammarSampler, Model, exact, fill_to_answer, system_info
-from .batching import Batcher, SeqView
 from .chat_format import Message, chat_text, prompt_tokens
 from .compat import require_compatible
 from .config import GenConfig, LoadConfig
@@ -29,8 +28,6 @@ from .loop import speculative_decode
 from .ngram import NgramDrafter, NgramMemory
 from .policy import REPEATABLE_MIN_MATCH, FixedK, make_policy
 from .predictions import estimated_speedup
-from .promptcache import prompt_cache_for
-from .promptfills import PromptFills
 from .stats import Stats
 from .text import Chunk, TextStream
 from .threads import ThreadGovernor
@@ -69,18 +66,9 @@ class Engine:
             self.load_draft()
         self.profile = profile  # measured pass costs (costmodel.CostProfile) for --spec auto
         self.ngram_memory = NgramMemory()
-        self.batcher: Batcher | None = None
-        if load.n_parallel > 1:  # a server's parallel requests: one sequence each, their passes batched
-            self.batcher = Batcher(self.target, self._make_room)
-            self.fills: PromptFills | None = PromptFills()
-            self.lanes = [Lane(SeqView(self.target, s, self.batcher), lambda s=s: self._draft_view(s),
-                               NgramDrafter(memory=self.ngram_memory), s) for s in range(load.n_parallel)]
-        else:
-            self.fills = None
-            self.lanes = [Lane(self.target, self.load_draft, NgramDrafter(memory=self.ngram_memory))]
+        self.lanes = [Lane(self.target, self.load_draft, NgramDrafter(memory=self.ngram_memory))]  # serving.py: more
         self.lane = self.lanes[0]
         self.remember_generations = load.remember_generations  # n-gram drafts may copy earlier answers
-        self.prompt_cache = prompt_cache_for(self.lanes, load, target_path, self.flash_attn)  # a server's
 
     @property
     def last_stats(self) -> Stats | None:
@@ -155,27 +143,10 @@ class Engine:
                 self.draft_model = model
             return self.draft_ctx
 
-    def _draft_view(self, seq: int) -> SeqView | None:
-        ctx = self.load_draft()
-        return SeqView(ctx, seq, runner=self.batcher) if ctx is not None else None
-
     def decoding(self, fn: Callable[[], T]) -> T:
-        """fn() on the thread that decodes (a server's batch thread: batching.py says why only one may),
-        for work that calls llama_decode outside a generation (measuring the pass costs)."""
-        return self.batcher.call(fn) if self.batcher is not None else fn()
-
-    def _make_room(self) -> bool:
-        """The shared cache is full: the least recently used idle lane's cells parked in the prompt cache (or
-        dropped), for the batch thread to try again; False when no idle lane holds cells."""
-        idle = [x for x in self.lanes if x.target.tokens and self.batcher and x.seq not in self.batcher.active]
-        if not idle:
-            return False
-        victim = min(idle, key=lambda x: x.last_used).target
-        if self.prompt_cache is not None:
-            self.prompt_cache.park(victim)
-        else:
-            victim.reset()
-        return True
+        """fn() on the thread that decodes (a server's batch thread: serving.py), for work that calls
+        llama_decode outside a generation (measuring the pass costs)."""
+        return fn()
 
     # --- prompts ----------------------------------------------------------------------------
     def chat_template(self) -> str | None:
@@ -280,8 +251,11 @@ class Engine:
             return drafter, make_policy(cfg, reference_profile("gpu" if self.on_gpu(self.load) else "cpu"), drafter,
                                         min_match=REPEATABLE_MIN_MATCH)
         profile = self.profile.at_depth(depth) if self.profile is not None else None
-        load = (lambda: self.batcher.others(lane.seq)) if self.batcher is not None else None
-        return drafter, make_policy(cfg, profile, drafter, load)
+        return drafter, make_policy(cfg, profile, drafter, self._others_in_step(lane))
+
+    def _others_in_step(self, lane: Lane):
+        """How many other lanes' passes share each step (a server's, serving.py); None: this lane's alone."""
+        return None
 
     def _start(self, lane: Lane, priority: bool, seq: list[int], stats: Stats, cancel,
                align: bool = False) -> np.ndarray | None:
@@ -303,11 +277,8 @@ class Engine:
         return None
 
     def _shared_fill(self, lane: Lane, tokens: list[int], should_stop, generates: bool = True):
-        """On a server's lane: wait for another lane already evaluating the same long prefix (then share it)."""
-        if self.fills is None or self.prompt_cache is None:
-            return nullcontext()
-        return self.fills.evaluating(lane.seq, lane.target, tokens, should_stop,
-                                     on_wait=lambda: self.prompt_cache.park(lane.target), generates=generates)
+        """On a server's lane, a wait for another lane evaluating the same long prefix (serving.py)."""
+        return nullcontext()
 
     def _begin_rounds(self, drafter, seq: list[int], cfg: GenConfig, stats: Stats) -> None:
         """The prompt is in the cache: the governor learns this depth's pass costs, the drafter starts
@@ -360,9 +331,7 @@ class Engine:
         finished, since the request that stops it usually needs those very tokens)."""
         target = (lane or self.lane).target
         t0 = time.perf_counter()
-        if self.prompt_cache is not None:
-            use = self.prompt_cache.prepare(tokens, target)
-            stats.cache_restored, stats.cache_entries = use.restored, use.entries
+        self._restore_saved(tokens, target, stats)
         if answer:
             stats.prompt_eval_tokens, row = fill_to_answer(target, tokens, should_stop, step, align)
         else:
@@ -370,23 +339,21 @@ class Engine:
         stats.prompt_eval_s = time.perf_counter() - t0
         return row
 
+    def _restore_saved(self, tokens: list[int], target, stats: Stats) -> None:
+        """A server's saved prompts (serving.py): the best one restored into `target` first."""
+
     def _enter(self, lane: Lane, priority: bool, cancel=None) -> None:
+        """A server's lane joins the batch here (serving.py)."""
         lane.last_used = time.monotonic()
-        if self.batcher is not None:
-            self.batcher.join(lane.seq, priority, cancel)
 
     def _leave(self, lane: Lane) -> None:
         lane.last_used = time.monotonic()
-        if self.batcher is not None:
-            self.batcher.leave(lane.seq)
 
     def complete(self, prompt: list[int], cfg: GenConfig) -> tuple[str, Stats]:
         text = "".join(c.text for c in self.generate(prompt, cfg))
         return text, self.last_stats
 
     def close(self) -> None:
-        if self.batcher is not None:
-            self.batcher.close()
         for x in (self.target, self.draft_ctx, self.target_model, self.draft_model):
             if x is not None:
                 x.close()

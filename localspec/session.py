@@ -217,8 +217,8 @@ def load_notes(models: ModelChoice) -> list[str]:
     return notes
 
 
-def open_engine(sel: Selection, load: LoadConfig, notify: Notify | None = None):
-    """The target loads now; the draft model when a round first drafts with it (never for --no-spec,
+def open_engine(sel: Selection, load: LoadConfig, notify: Notify | None = None, engine_class=None):
+    """An `Engine` (or `engine_class`: a server's `serving.ServingEngine`). The target loads now; the draft model when a round first drafts with it (never for --no-spec,
     --drafter ngram, or auto on a machine where the model draft cannot pay). The pair's compatibility
     is checked now, from the GGUF headers, so a wrong draft is still one clear error up front (beside the
     target's load, which runs in llama.cpp without Python's lock: the first check reads two vocabularies)."""
@@ -230,7 +230,10 @@ def open_engine(sel: Selection, load: LoadConfig, notify: Notify | None = None):
 
     with ThreadPoolExecutor(1) as pool:
         checked = pool.submit(check_pair, Path(sel.target), Path(sel.draft)) if sel.draft else None
-        engine = Engine(sel.target, sel.draft, load, lazy_draft=True)
+        if engine_class is None:
+            engine = Engine(sel.target, sel.draft, load, lazy_draft=True)
+        else:
+            engine = engine_class(sel.target, sel.draft, load, lazy_draft=True)
         try:
             if checked is not None:
                 checked.result()
@@ -309,17 +312,18 @@ class Session:
         self.notes = notes or []  # things the user should know about this load; front ends show them
 
     @classmethod
-    def open(cls, models: ModelChoice, gen: GenChoice, notify: Notify | None = None) -> "Session":
-        return cls.from_selection(select_models(models, notify), models, gen, notify)
+    def open(cls, models: ModelChoice, gen: GenChoice, notify: Notify | None = None,
+             engine_class=None) -> "Session":
+        return cls.from_selection(select_models(models, notify), models, gen, notify, engine_class)
 
     @classmethod
     def from_selection(cls, sel: Selection, models: ModelChoice, gen: GenChoice,
-                       notify: Notify | None = None) -> "Session":
+                       notify: Notify | None = None, engine_class=None) -> "Session":
         cfg = gen_config(gen, sel)  # before loading: a bad setting fails fast
         load = load_config(models, sel)
         if load.mmap:  # the disk starts reading while Python imports llama.cpp and numpy (with read(), the
             prefetch(sel.target)  # two streams would only compete: slower cold: docs/BENCHMARKS.md)
-        engine = open_engine(sel, load, notify)
+        engine = open_engine(sel, load, notify, engine_class)
         follow_recent_load(engine)
         return cls(sel, cfg, load, engine, gen.system, load_notes(models))
 

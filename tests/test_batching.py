@@ -16,6 +16,7 @@ from localspec.config import GenConfig, LoadConfig
 from localspec.costmodel import CostProfile, best_k, best_k_shared
 from localspec.chat_format import Message
 from localspec.engine import Engine
+from localspec.serving import ServingEngine
 from localspec.errors import PassInterrupted
 from localspec.promptcache import PromptCache
 from localspec.verify import first_parting, logit_noise, plain_greedy_with_margins
@@ -34,7 +35,7 @@ def load(n_parallel: int, n_ctx: int = 2048, flash_attn: str = "on") -> LoadConf
 
 @pytest.fixture(scope="module")
 def shared(tiny):
-    e = Engine(tiny.target, None, load(3))
+    e = ServingEngine(tiny.target, None, load(3))
     yield e
     e.close()
 
@@ -443,7 +444,7 @@ def test_drafts_are_priced_by_what_they_add_to_a_shared_step():
 @pytest.mark.realpair
 def test_batched_greedy_equals_single_runs_but_at_measured_near_ties_on_the_real_pair(real_pair):
     target, _ = real_pair
-    e = Engine(target, None, load(4, n_ctx=4096, flash_attn="auto"))  # what a user runs: off on a CPU
+    e = ServingEngine(target, None, load(4, n_ctx=4096, flash_attn="auto"))  # what a user runs: off on a CPU
     try:
         prompts = [e.prompt_tokens([Message("user", t)]) for t in (
             "Write a Python function that reverses a string.", "What is a mutex? One sentence.",
@@ -491,7 +492,7 @@ def test_the_draft_models_passes_and_the_cost_measurement_run_on_the_batch_threa
     the process (a server's plain decoding 29.7 -> 23.6 tok/s after one request drafted with the model on
     its generation thread). So on a server's engine the draft model decodes on the batch thread too, and
     so does measuring the pass costs; a call's error reaches its caller and the thread goes on."""
-    e = Engine(tiny.target, tiny.perturbed, load(2))
+    e = ServingEngine(tiny.target, tiny.perturbed, load(2))
     ran_in: list[str] = []
     record = lambda n, dt: ran_in.append(threading.current_thread().name)  # noqa: E731
     e.target.observer = record
@@ -715,7 +716,7 @@ def test_prompts_that_fit_alone_but_not_together_both_answer_whole(tiny):
     """Two requests, each fitting the context alone, together not: the cache fills while both evaluate,
     and instead of both failing ("no KV-cache slot") the younger one's cells move to host memory until
     the older has answered, then come back (swap.py). Neither is refused, neither cut short."""
-    e = Engine(tiny.target, None, load(2, n_ctx=256))
+    e = ServingEngine(tiny.target, None, load(2, n_ctx=256))
     try:
         prompts = [prompt_of(e, 180, "alpha beta"), prompt_of(e, 180, "gamma delta")]
         cfg = GenConfig(temperature=0, max_tokens=40, spec="off")
@@ -731,7 +732,7 @@ def test_prompts_that_fit_alone_but_not_together_both_answer_whole(tiny):
 def test_idle_lanes_cells_all_give_way_to_a_prompt_that_fits_alone(tiny):
     """Short conversations left in idle lanes are freed, every one of them, before a long prompt that fits
     the context alone is refused (only one was, and the prompt failed)."""
-    e = Engine(tiny.target, None, load(3, n_ctx=256))
+    e = ServingEngine(tiny.target, None, load(3, n_ctx=256))
     try:
         cfg = GenConfig(temperature=0, max_tokens=8, spec="off")
         for i in range(3):
@@ -748,7 +749,7 @@ def test_a_request_that_hangs_up_while_swapped_out_ends_and_the_other_answers(ti
     error, or its rounds with "cancelled"), its snapshot dropped; the one that holds the cells answers whole."""
     from localspec.errors import ContextFullError
 
-    e = Engine(tiny.target, None, load(2, n_ctx=256))
+    e = ServingEngine(tiny.target, None, load(2, n_ctx=256))
     try:
         prompts = [prompt_of(e, 180, "alpha beta"), prompt_of(e, 180, "gamma delta")]
         cfg = GenConfig(temperature=0, max_tokens=40, spec="off")

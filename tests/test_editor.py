@@ -14,7 +14,7 @@ from serverproc import ServerProcess
 
 from localspec.backend import common_prefix
 from localspec.config import GenConfig, LoadConfig
-from localspec.engine import Engine
+from localspec.serving import ServingEngine
 from localspec.fim import fim_stop_tokens
 from localspec.fim_windows import EditorWindows, FimBudget
 from localspec.promptcache import PromptCache
@@ -33,7 +33,7 @@ def around(y: int, typed: str = "") -> dict:
 
 @pytest.fixture(scope="module")
 def fim_engine(tiny):
-    e = Engine(tiny.fim_target, None, LoadConfig(n_ctx=2048, n_threads=THREADS, n_threads_batch=THREADS))
+    e = ServingEngine(tiny.fim_target, None, LoadConfig(n_ctx=2048, n_threads=THREADS, n_threads_batch=THREADS))
     yield e
     e.close()
 
@@ -271,7 +271,7 @@ def test_a_replayed_editing_session_is_answered(tiny, tmp_path, fim_engine):
 @pytest.mark.realpair
 def test_a_replayed_editing_session_is_answered_exactly_on_the_real_pair(real_pair, tmp_path):
     target, _ = real_pair
-    engine = Engine(target, None, LoadConfig(n_ctx=2048, n_threads=THREADS, n_threads_batch=THREADS, flash_attn="off"))
+    engine = ServingEngine(target, None, LoadConfig(n_ctx=2048, n_threads=THREADS, n_threads_batch=THREADS, flash_attn="off"))
     try:
         replay(target, tmp_path / "home", engine, exact=True)
     finally:

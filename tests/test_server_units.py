@@ -11,7 +11,7 @@ from tinygguf import FIM_TOKENS
 
 from localspec.config import GenConfig, LoadConfig
 from localspec.ngram import NgramDrafter
-from localspec.engine import Engine
+from localspec.serving import ServingEngine
 from localspec import fim as fimmod
 from localspec.server import infill
 from localspec.server.apierrors import ApiError
@@ -21,7 +21,7 @@ from localspec.server.settings import gen_settings
 
 @pytest.fixture(scope="module")
 def fim_engine(tiny):
-    e = Engine(tiny.fim_target, tiny.fim_draft, LoadConfig(n_ctx=4096, n_threads=THREADS, n_threads_batch=THREADS))
+    e = ServingEngine(tiny.fim_target, tiny.fim_draft, LoadConfig(n_ctx=4096, n_threads=THREADS, n_threads_batch=THREADS))
     yield e
     e.close()
 
@@ -142,7 +142,7 @@ def test_a_long_prompt_outlives_the_process_on_disk(tiny, tmp_path):
     warnings = []
 
     def fresh_engine():
-        e = Engine(tiny.fim_target, None, load)
+        e = ServingEngine(tiny.fim_target, None, load)
         e.prompt_cache = PromptCache(e.target, 64 << 20, disk=DiskPrompts(tmp_path, key, 256 << 20, warnings.append))
         return e
 
@@ -268,11 +268,10 @@ def test_a_servers_first_measurements_wait_for_idle_time_and_a_quiet_machine(tin
     """A fresh server answers before anything is measured (auto decodes plainly until then); idle, it
     measures its pass costs, kept only if no other program used the cores meanwhile."""
     from localspec.config import LoadConfig
-    from localspec.engine import Engine
     from localspec.server import worker
 
     srv = worker.ServerSession.__new__(worker.ServerSession)
-    srv.engine = Engine(tiny.target, None, LoadConfig(n_threads=2, n_threads_batch=2))
+    srv.engine = ServingEngine(tiny.target, None, LoadConfig(n_threads=2, n_threads_batch=2))
     try:
         busy = [True]
         monkeypatch.setattr(srv, "_others_busy", lambda: busy[0])

@@ -16,6 +16,7 @@ from typing import Callable
 from ..errors import ConfigError, LocalspecError
 from ..fim_windows import EditorSettings
 from ..models.catalog import CatalogEntry
+from ..serving import ServingEngine
 from ..session import GenChoice, ModelChoice, Session
 from . import DEFAULT_PORT  # noqa: F401  (re-exported for the CLI)
 from .app import ServerState, create_app
@@ -53,7 +54,7 @@ def model_names(session: Session) -> tuple[str, set[str]]:
 def load_into(state: ServerState, models: ModelChoice, gen: GenChoice, notify: Callable[[str], None],
               editor: EditorSettings | None = None, log_requests: bool = False) -> bool:
     try:
-        session = Session.open(models, gen, notify)
+        session = Session.open(models, gen, notify, engine_class=ServingEngine)
         if session.gen.max_tokens < 0:
             session.gen.max_tokens = UNLIMITED_TOKENS
         # a stored profile only: the first answer never waits for a measurement (worker: idle time)
