@@ -24,7 +24,7 @@ from statistics import median
 
 from . import paths
 from .backend import Context, Model
-from .passtimes import timed_pass
+from .costmodel import timed_pass
 
 DEPTH = 64  # tokens in the cache while decodes are timed (a short chat; flash attention gains most there)
 DECODES = 20  # timed decodes per kernel, alternating

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import math
+import time
 from functools import lru_cache
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
@@ -250,3 +251,15 @@ def implausible_pass(t_verify: list[float]) -> tuple[int, int] | None:
 
 def plausible(t_verify: list[float]) -> bool:
     return bool(t_verify) and t_verify[0] > 0 and implausible_pass(t_verify) is None
+
+def timed_pass(ctx, tokens: list[int], logits: str = "all", stop=None) -> float:
+    """Seconds for one pass over `tokens` (all logits read back, as verification does), rolled back."""
+    base = len(ctx.tokens)
+    t0 = time.perf_counter()
+    if stop is not None:  # asked while the pass runs too: a request arriving ends it (PassInterrupted)
+        ctx.eval(tokens, logits=logits, stop=stop)
+    else:
+        ctx.eval(tokens, logits=logits)
+    dt = time.perf_counter() - t0
+    ctx.truncate(base)
+    return dt

@@ -2,8 +2,8 @@
 
 1. llama.cpp's llama-bench (built from the same sdist, for the backend found) times passes of 1, 2, 4, 8
    tokens, each size repeated (`-p 1,2,4,8 -n 0`): the backend's own curve, T(n)/T(1).
-2. localspec's T_verify(n)/T_decode as generation sees it (passtimes.measure_costs: sizes interleaved),
-   and the same curve with each size repeated (passtimes.steady_verify).
+2. localspec's T_verify(n)/T_decode as generation sees it (tuning.measure_costs: sizes interleaved),
+   and the same curve with each size repeated (tuning.steady_verify).
 3. CUDA only: graph warm-ups and resets counted in llama.cpp's log during a localspec generation, with
    constant verify shapes on and off; then the same with graphs disabled (GGML_CUDA_DISABLE_GRAPHS=1).
 4. The end-to-end bench: plain against --spec auto on the default workloads.
@@ -26,7 +26,7 @@ from pathlib import Path
 import llamacpp_tools
 
 from localspec.config import LoadConfig
-from localspec.passtimes import measure_costs, steady_verify
+from localspec.tuning import measure_costs, steady_verify
 from localspec.engine import Engine
 from localspec.session import ModelChoice, select_models
 

@@ -155,9 +155,9 @@ def test_default_settings_are_fixed_model_draft_and_runs_default(tiny, tmp_path)
 def test_auto_reuses_the_stored_profile_unless_retune(tiny, tmp_path, monkeypatch):
     from localspec import tuning
 
-    measured = []  # every profile measurement, counted where profiles are made
-    real = tuning.measure_costs
-    monkeypatch.setattr(tuning, "measure_costs", lambda *a, **kw: measured.append(1) or real(*a, **kw))
+    measured = []  # every profile measurement, counted where profiles are made (the predictions' own costs aside)
+    real = tuning.tune
+    monkeypatch.setattr(tuning, "tune", lambda *a, **kw: measured.append(1) or real(*a, **kw))
     args = [*model_args(tiny, tiny.perturbed), "--workloads", "chat", "--prompts-per-workload", "1", "-n", "6",
             "--setting", "auto:ngram:2", "--json", "-q"]
     home = tmp_path / "home"

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from localspec import passtimes
+from localspec import tuning
 from localspec import predictions as predict
 from conftest import THREADS
 
@@ -167,7 +167,7 @@ def test_profile_at_depth_picks_the_nearest_measured_depth():
 
 
 def test_measure_at_depth_leaves_the_cache_as_it_was(tiny):
-    from localspec.passtimes import measure_at_depth
+    from localspec.tuning import measure_at_depth
 
     e = Engine(tiny.target, None, LoadConfig(n_ctx=1024, n_threads=THREADS, n_threads_batch=THREADS))
     toks = e.prompt_tokens("the cache of the model " * 40, raw=True)
@@ -205,11 +205,11 @@ def test_measured_decode_is_the_steady_single_token_pass(monkeypatch):
     from types import SimpleNamespace
 
     clock = [0.0]
-    monkeypatch.setattr(passtimes.time, "perf_counter", lambda: clock[0])
+    monkeypatch.setattr(tuning.time, "perf_counter", lambda: clock[0])
     target, draft = GraphReplayContext(clock), GraphReplayContext(clock, scale=0.5)
     engine = SimpleNamespace(target=target, target_model=SimpleNamespace(tokenize=lambda text, special: list(range(20))),
                              load_draft=lambda: draft, draft_ctx=draft, draft_path="draft.gguf")
-    prof = passtimes.measure_costs(engine, n_max=4, repeats=3, warmup=1)
+    prof = tuning.measure_costs(engine, n_max=4, repeats=3, warmup=1)
     assert prof.t_decode == prof.t_verify[0] == 1.0
     assert prof.t_verify[1:] == pytest.approx([2.7, 2.75, 2.8])
     assert prof.t_draft == pytest.approx(0.5)  # the draft's singles run back to back too
@@ -231,7 +231,7 @@ def test_verify_much_dearer_than_the_backends_own_curve_is_named():
 
 
 def test_the_steady_curve_is_measured_and_leaves_the_cache(tiny):
-    from localspec.passtimes import steady_verify
+    from localspec.tuning import steady_verify
 
     e = Engine(tiny.target, None, LoadConfig(n_ctx=512, n_threads=THREADS, n_threads_batch=THREADS))
     try:

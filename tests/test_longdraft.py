@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from localspec.costmodel import CostProfile, densify, implausible_pass
-from localspec.passtimes import noisy_sizes
+from localspec.tuning import noisy_sizes
 from localspec.draft import Draft
 from localspec.ngram import NgramDrafter
 from localspec.policy import AdaptivePolicy, FixedK

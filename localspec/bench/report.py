@@ -88,7 +88,7 @@ def costs_dict(c: CostProfile) -> dict:
 def cost_warnings(c: CostProfile, what: str = "pass costs", steady: list[float] | None = None) -> list[str]:
     """Signs that the costs were measured on a busy machine: a pass over n tokens cannot be much
     cheaper than a pass over fewer (the weights are read once either way). With `steady` (the
-    backend's own curve, passtimes.steady_verify): verification much dearer than that curve."""
+    backend's own curve, tuning.steady_verify): verification much dearer than that curve."""
     out = []
     worse = shape_penalty(c.t_verify, steady) if steady else None
     if worse is not None:

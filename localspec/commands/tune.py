@@ -85,7 +85,7 @@ def cmd_tune(args) -> int:
 def compare_q4_0(engine, sel, load) -> dict:
     """Build the Q4_0 draft, then measure its per-token cost and its greedy acceptance against
     the original draft on the same prompts, before anyone uses it."""
-    from ..passtimes import measure_costs
+    from ..tuning import measure_costs
     from ..engine import Engine
     from ..quantize import quantize_q4_0
 

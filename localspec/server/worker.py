@@ -26,11 +26,10 @@ from typing import Callable
 
 from .. import attention
 from ..costmodel import CURVE_SIZES, depth_bucket
-from ..passtimes import measure_at_depth
 from ..errors import LocalspecError
 from ..fim_windows import EditorSettings, EditorWindows
 from ..session import Session
-from ..tuning import keep_profile, measure_when_idle
+from ..tuning import keep_profile, measure_at_depth, measure_when_idle
 from ..stats import Stats
 from ..threads import OTHERS_BUSY, CpuWatch
 from .infill import LineLimits
