@@ -81,7 +81,7 @@ class LoadConfig:
     chat_template: str | None = None  # override the template stored in the GGUF
     # llama.cpp's flash attention: "on", "off", or "auto": llama.cpp's own choice on a GPU; on a CPU the
     # kernel measured faster for this tool's work (attention.py says how). It takes a smaller compute
-    # buffer (32k context: 303 MiB against 848 without).
+    # buffer (docs/BENCHMARKS.md has a 32k context's with and without).
     flash_attn: str = "auto"
     # --exact: batch-invariant kernels (backend/exact.py), so speculative output has plain decoding's bits
     # on every request; the weights stay in their file layout and attention runs over a bf16 KV cache.

@@ -81,9 +81,9 @@ class AdaptivePolicy:
     BORROW_AFTER = 12.0  # outcomes (the prior's included) a shorter match's bucket needs to lend its estimate
     MIN_GAIN = 1.05  # draft only when expected to beat plain by at least this factor (estimates are noisy)
     PROBE_EVERY = 48  # model rounds skipped between probes, when the model could pay at all
-    # A model round whose draft cache must first catch up with the text (a 2,000-token prompt it never
-    # saw: 15-75 s of the 0.5B's prompt evaluation on a 2-core CPU beside three other requests, measured
-    # in a burst) is the whole answer's time: a probe only when catching up costs at most this many decodes
+    # A model round whose draft cache must first catch up with the text (a long prompt it never saw, evaluated
+    # by the draft model beside other requests) can cost the whole answer's time: a probe only when catching
+    # up costs at most this many decodes
     PROBE_CATCH_UP_DECODES = 4.0
 
     def __init__(self, costs: CostProfile, k_max: int, load=None, min_match: int = 0):
