@@ -36,8 +36,8 @@ class GenConfig:
     ngram_min: int = 2  # shortest suffix match the n-gram drafter trusts
     ngram_max: int = 4  # longest suffix it looks up (the match is then extended backwards to measure it)
     exact: bool = False
-    # a server's caches, built by the engine: saved prompts in host memory (promptcache) and on disk under
-    # the data root (promptdisk), and n-gram drafts that may copy earlier requests' answers
+    # a server's caches: saved prompts in host memory (promptcache) and on disk under the data root (promptdisk),
+    # built by its engine (serving.py), and n-gram drafts that may copy earlier requests' answers
     cache_ram_mib: int = 0
     cache_disk_mib: int = 0
     remember_generations: bool = False  # byte-identical to plain decoding: drafts only where the engine's kernels are exact (--exact)
@@ -86,8 +86,8 @@ class LoadConfig:
     # --exact: batch-invariant kernels (backend/exact.py), so speculative output has plain decoding's bits
     # on every request; the weights stay in their file layout and attention runs over a bf16 KV cache.
     exact: bool = False
-    # a server's caches, built by the engine: saved prompts in host memory (promptcache) and on disk under
-    # the data root (promptdisk), and n-gram drafts that may copy earlier requests' answers
+    # a server's caches: saved prompts in host memory (promptcache) and on disk under the data root (promptdisk),
+    # built by its engine (serving.py), and n-gram drafts that may copy earlier requests' answers
     cache_ram_mib: int = 0
     cache_disk_mib: int = 0
     remember_generations: bool = False
