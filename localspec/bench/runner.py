@@ -138,7 +138,8 @@ class Options:
 
 
 @dataclass
-class Run:
+class BenchRun:
+    """One generation of a prompt under a setting (or plain decoding), with its figures."""
     prompt: str
     repeat: int
     setting: Setting | None  # None = plain
@@ -220,7 +221,7 @@ def run_bench(engine, workloads: dict[str, list[Prompt]], settings: list[Setting
     results = []
     n_prompt = 0
     for name, rows in tokenized.items():
-        runs: list[Run] = []
+        runs: list[BenchRun] = []
         for p, toks, budget in rows:
             for r in range(opts.repeat):
                 order = settings if (n_prompt + r) % 2 == 0 else settings[::-1]
@@ -253,14 +254,14 @@ def _warmup(engine, toks: list[int], settings: list[Setting], opts: Options) -> 
             pass
 
 
-def _run_prompt(engine, p: Prompt, toks, budget, r, order, every, opts, progress, workload) -> list[Run]:
+def _run_prompt(engine, p: Prompt, toks, budget, r, order, every, opts, progress, workload) -> list[BenchRun]:
     seed = opts.seed + r  # the same seed for A and B: under sampling they draw from the same stream start
     stop = fim_stop_tokens(engine.target_model) if p.fim else frozenset()
-    runs: list[Run] = []
+    runs: list[BenchRun] = []
     for s in schedule(order, every):
         progress.step(f"{workload} {p.id} {'plain' if s is None else s.label}")
         chunks = list(engine.generate(toks, _gen_config(s, opts, budget, seed, stop)))
-        runs.append(Run(p.id, r, s, engine.last_stats, "".join(c.text for c in chunks)))
+        runs.append(BenchRun(p.id, r, s, engine.last_stats, "".join(c.text for c in chunks)))
     plain_idx = [i for i, x in enumerate(runs) if x.setting is None]
     ref = runs[0].text
     for i, run in enumerate(runs):

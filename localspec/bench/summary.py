@@ -68,7 +68,7 @@ def pool_stats(stats: list[Stats]) -> dict:
 
 
 def summarize_setting(setting, runs: list, prompts: list, costs: CostProfile) -> dict:
-    """One setting (runner.Setting) over its runs (runner.Run) of the workload's prompts (workloads.Prompt)."""
+    """One setting (runner.Setting) over its runs (runner.BenchRun) of the workload's prompts (workloads.Prompt)."""
     mine = [r for r in runs if r.setting == setting]
     per_prompt = []
     for p in prompts:
