@@ -353,7 +353,7 @@ def test_a_quick_profile_gets_its_whole_curve_in_the_first_idle_moment_even_afte
     from localspec.costmodel import CURVE_SIZES
     from localspec.server import worker
 
-    srv = worker.ServerSession.__new__(worker.ServerSession)
+    srv = worker.ModelWorker.__new__(worker.ModelWorker)
     srv.engine, srv.idle_watch = shared, None
     srv.jobs = worker.JobQueue(lambda job: None)
     before = shared.profile
@@ -385,7 +385,7 @@ def test_the_wait_queue_is_bounded(monkeypatch):
     from localspec.server.apierrors import ApiError
 
     monkeypatch.setattr(worker, "MAX_WAITING", 2)
-    srv = worker.ServerSession.__new__(worker.ServerSession)  # no lanes: every job stays waiting
+    srv = worker.ModelWorker.__new__(worker.ModelWorker)  # no lanes: every job stays waiting
     srv.jobs = JobQueue(lambda job: None)
     srv.metrics = Metrics(srv.jobs)
     job = lambda: worker.Job(lambda engine: ([], None), None, lambda event: None)  # noqa: E731

@@ -98,9 +98,9 @@ def test_a_waiter_that_hangs_up_leaves_the_queue_at_once():
     from localspec.server.jobqueue import JobQueue
     from localspec.server.metrics import Metrics
     from localspec.server.apierrors import ApiError
-    from localspec.server.worker import MAX_WAITING, Job, ServerSession
+    from localspec.server.worker import MAX_WAITING, Job, ModelWorker
 
-    srv = ServerSession.__new__(ServerSession)  # its queue and counters alone: no lane takes a job
+    srv = ModelWorker.__new__(ModelWorker)  # its queue and counters alone: no lane takes a job
     srv.jobs = JobQueue(lambda job: None)
     srv.metrics = Metrics(srv.jobs)
     jobs = [Job(None, None, lambda item: None) for _ in range(MAX_WAITING)]

@@ -240,12 +240,12 @@ def test_idle_measurements_wait_while_other_programs_use_the_cpu(tmp_path):
     noise, and it would take the cores from that program)."""
     import os
 
-    from localspec.server.worker import ServerSession
+    from localspec.server.worker import ModelWorker
     from localspec.threads import CpuWatch
 
     stat = tmp_path / "stat"
     stat.write_text("cpu  1000 0 1000 50000 0 0 0 0 0 0\n")
-    s = ServerSession.__new__(ServerSession)
+    s = ModelWorker.__new__(ModelWorker)
     s.idle_watch = CpuWatch(str(stat))
     hz = os.sysconf("SC_CLK_TCK")
 
@@ -270,7 +270,7 @@ def test_a_servers_first_measurements_wait_for_idle_time_and_a_quiet_machine(tin
     from localspec.config import LoadConfig
     from localspec.server import worker
 
-    srv = worker.ServerSession.__new__(worker.ServerSession)
+    srv = worker.ModelWorker.__new__(worker.ModelWorker)
     srv.engine = ServingEngine(tiny.target, None, LoadConfig(n_threads=2, n_threads_batch=2))
     try:
         busy = [True]

@@ -3,7 +3,7 @@
 Why Starlette + uvicorn: a single-user local server needs SSE streaming, disconnect detection (to
 cancel a generation within one round) and a small import; both are plain ASGI with no framework
 on top, start in ~0.2 s, and keep request validation in our hands, so unknown fields are ignored
-rather than rejected (FastAPI's models would answer 422). Generation runs in the `ServerSession`
+rather than rejected (FastAPI's models would answer 422). Generation runs in the `ModelWorker`
 worker thread; handlers only translate, queue and stream.
 
 Protocols (each a module with ROUTES and, where it differs from OpenAI's, ERRORS):

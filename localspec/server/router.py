@@ -4,7 +4,7 @@ when `keep_alive` or `--idle-unload` runs out, when `POST /models/unload` or `ke
 when a new one needs its place (`--models-max`, the memory budget: least recently used first, never
 one with a request running or waiting). With one model served, every name is that model (the
 single-model contract: llama.vim sends "", aider "gpt-4o"). Each loaded model is its own
-`ServerState` (its `ServerSession`: lanes, caches, pass costs, n-gram memory, metrics)."""
+`ServerState` (its `ModelWorker`: lanes, caches, pass costs, n-gram memory, metrics)."""
 
 from __future__ import annotations
 
@@ -85,7 +85,7 @@ class LoadRecipe:
 class Router:
     slots: list[Slot]
     recipe: LoadRecipe
-    shared: ServerState  # the app's state: the key, the page, the default model's ServerSession
+    shared: ServerState  # the app's state: the key, the page, the default model's ModelWorker
     limits: Limits = field(default_factory=Limits)
     budget: Budget = field(default_factory=Budget)
     catalog: list[CatalogEntry] | None = None  # several models found offline; None: the one chosen at start
@@ -301,7 +301,7 @@ class Router:
                     await self.unload(slot, why="keep_alive" if slot.unload_when_idle else "idle")
 
     def loaded_states(self) -> list[tuple[Slot, ServerState]]:
-        """(slot, state) of each model loaded now, its ServerSession there to ask."""
+        """(slot, state) of each model loaded now, its ModelWorker there to ask."""
         return [(s, s.state) for s in list(self.slots)
                 if s.status == "loaded" and s.state is not None and s.state.server is not None]
 

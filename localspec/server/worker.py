@@ -1,4 +1,4 @@
-"""One loaded pair behind a queue: `ServerSession`.
+"""One loaded model (its pair) behind a queue, a worker thread per lane: `ModelWorker`.
 
 Requests become `Job`s. One worker thread per lane of the engine (`--parallel`: each lane a sequence
 of the shared context, their passes batched into one llama_decode per step, `batching.py`) takes them
@@ -59,7 +59,7 @@ class Job:
     queued_at: float = field(default_factory=time.perf_counter)
 
 
-class ServerSession:
+class ModelWorker:
     def __init__(self, session: Session, editor: EditorSettings | None = None, log_requests: bool = False):
         self.session = session
         self.log_requests = log_requests  # a timing line per answer on stderr, as llama-server prints
