@@ -50,7 +50,7 @@ class GenConfig:
 
     # --- constraints on the target's distribution (drafts are judged against the constrained target) ---
     logit_bias: dict[int, float] = field(default_factory=dict)  # token id -> added logit (-inf bans it)
-    grammar: str | None = None  # GBNF the output must follow (constraints.py; JSON schemas are turned into one)
+    grammar: str | None = None  # GBNF the output must follow (decoding/constraints.py; JSON schemas are turned into one)
     heal: str = ""  # token healing: text the prompt ends with but its tokens leave out; the output must start with it (hidden)
 
     def with_(self, **kw) -> "GenConfig":

@@ -19,14 +19,14 @@ from .backend import Context, GrammarSampler, Model, exact, fill_to_answer, syst
 from .chat_format import Message, chat_text, prompt_tokens
 from .compat import require_compatible
 from .config import GenConfig, LoadConfig
-from .constraints import GrammarConstraint, starts_with_grammar
+from .decoding.constraints import GrammarConstraint, starts_with_grammar
 from .costmodel import reference_profile
-from .drafters import DraftModel, assemble_drafter
+from .decoding.drafters import DraftModel, assemble_drafter
 from .errors import ConfigError, ContextFullError
 from .lane import Lane
-from .loop import speculative_decode
-from .ngram import NgramDrafter, NgramMemory
-from .policy import REPEATABLE_MIN_MATCH, FixedK, make_policy
+from .decoding.loop import speculative_decode
+from .decoding.ngram import NgramDrafter, NgramMemory
+from .decoding.policy import REPEATABLE_MIN_MATCH, FixedK, make_policy
 from .predictions import estimated_speedup
 from .stats import Stats
 from .text import Chunk, TextStream

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable
 
-from .ngram import NgramDrafter
+from .decoding.ngram import NgramDrafter
 from .stats import Stats
 
 

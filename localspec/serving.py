@@ -16,7 +16,7 @@ from .batching import Batcher, SeqView
 from .config import LoadConfig
 from .engine import Engine
 from .lane import Lane
-from .ngram import NgramDrafter
+from .decoding.ngram import NgramDrafter
 from .promptcache import prompt_cache_for
 from .promptfills import PromptFills
 from .stats import Stats

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from .backend.exact import invariance_gap
 from .config import GenConfig
-from .sampling import top2_margin
+from .decoding.sampling import top2_margin
 
 
 def logit_noise(engine, prompt: list[int], n: int = 6) -> float:

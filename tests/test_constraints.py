@@ -14,9 +14,9 @@ from test_engine import _chi2_fails, bad, greedy, perturbed, pool_eog, run, same
 
 from localspec.backend import GrammarSampler
 from localspec.config import GenConfig
-from localspec.constraints import schema_grammar
+from localspec.decoding.constraints import schema_grammar
 from localspec.errors import ConfigError
-from localspec.sampling import logits_to_probs
+from localspec.decoding.sampling import logits_to_probs
 
 WORDS_GBNF = 'root ::= w{8,}\nw ::= " cache" | " model" | " fast" | " draft" | " data"'
 WORDS_RE = re.compile(r"( cache| model| fast| draft| data){8,}")

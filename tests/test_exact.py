@@ -19,7 +19,7 @@ from tinygguf import build_tiny_model
 from localspec.config import GenConfig, LoadConfig
 from localspec.costmodel import CostProfile
 from localspec.engine import Engine
-from localspec.policy import REPEATABLE_MIN_MATCH
+from localspec.decoding.policy import REPEATABLE_MIN_MATCH
 from localspec.server.apierrors import ApiError
 from localspec.server.settings import gen_settings
 

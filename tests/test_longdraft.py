@@ -6,9 +6,9 @@ import pytest
 
 from localspec.costmodel import CostProfile, densify, implausible_pass
 from localspec.tuning import noisy_sizes
-from localspec.draft import Draft
-from localspec.ngram import NgramDrafter
-from localspec.policy import AdaptivePolicy, FixedK
+from localspec.decoding.draft import Draft
+from localspec.decoding.ngram import NgramDrafter
+from localspec.decoding.policy import AdaptivePolicy, FixedK
 
 
 def curve(per_token: float, n: int = 64) -> CostProfile:
@@ -252,7 +252,7 @@ def test_an_answer_that_must_repeat_drafts_only_from_a_copy():
     """Greedy answers that must repeat (min_match): a chance match in the text stays a shadow however well its
     bucket did; a match as long as llama-server's --spec-default asks drafts; a copy resuming after an edit
     drafts when the copy had held that long; a request's predicted output drafts from the first token."""
-    from localspec.policy import REPEATABLE_MIN_MATCH as N
+    from localspec.decoding.policy import REPEATABLE_MIN_MATCH as N
 
     pol = AdaptivePolicy(CPU, 64, min_match=N)
     for b in (4, 16, 32):

@@ -10,7 +10,7 @@ from conftest import THREADS
 from tinygguf import FIM_TOKENS
 
 from localspec.config import GenConfig, LoadConfig
-from localspec.ngram import NgramDrafter
+from localspec.decoding.ngram import NgramDrafter
 from localspec.serving import ServingEngine
 from localspec import fim as fimmod
 from localspec.server import infill

@@ -106,7 +106,7 @@ def test_modules_and_functions_stay_small():
     assert long_modules == [] and long_functions == []
 
 
-LLAMA_CPP_IMPORTERS = {"localspec", "localspec.backend.model", "localspec.constraints", "localspec.doctor",
+LLAMA_CPP_IMPORTERS = {"localspec", "localspec.backend.model", "localspec.decoding.constraints", "localspec.doctor",
                        "localspec.promptdisk"}  # docs/ARCHITECTURE.md, the backend/ row
 
 

@@ -10,9 +10,9 @@ import pytest
 
 from localspec.config import GenConfig
 from localspec.costmodel import CostProfile
-from localspec.ngram import NgramDrafter
-from localspec.policy import AdaptivePolicy, FixedK
-from localspec.sampling import accept_greedy, logits_to_probs, residual, top2_margin
+from localspec.decoding.ngram import NgramDrafter
+from localspec.decoding.policy import AdaptivePolicy, FixedK
+from localspec.decoding.sampling import accept_greedy, logits_to_probs, residual, top2_margin
 from localspec.text import TextStream
 
 
@@ -102,7 +102,7 @@ def test_a_model_probe_is_skipped_when_the_draft_must_first_catch_up_with_a_long
 
 
 def test_adaptive_policy_learns_from_shadow_drafts():
-    from localspec.draft import Draft
+    from localspec.decoding.draft import Draft
 
     cpu = CostProfile(t_decode=1.0, t_verify=[1.0, 1.72, 2.30, 2.50, 3.15], t_draft=None)
     pol = AdaptivePolicy(cpu, 4)

@@ -190,7 +190,7 @@ def resolve_logit_bias(items: list[BiasItem], model, ignore_eos: bool = False) -
 def requested_grammar(body: dict) -> str | None:
     """The grammar a request asks for: llama-server's `grammar` (GBNF) or `json_schema`, or OpenAI's
     `response_format` (json_object, json_schema). At most one of them."""
-    from ..constraints import json_grammar, schema_grammar
+    from ..decoding.constraints import json_grammar, schema_grammar
 
     asked = []
     gbnf = string(body, "grammar")

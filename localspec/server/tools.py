@@ -12,7 +12,7 @@ import re
 import uuid
 from dataclasses import dataclass
 
-from ..constraints import schema_grammar
+from ..decoding.constraints import schema_grammar
 from ..errors import ConfigError
 from .apierrors import ApiError
 

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .config import GenConfig
+from ..config import GenConfig
 
 
 def logits_to_probs(logits: np.ndarray, cfg: GenConfig) -> np.ndarray:

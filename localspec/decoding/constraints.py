@@ -21,7 +21,7 @@ import json
 
 import numpy as np
 
-from .errors import ConfigError
+from ..errors import ConfigError
 from .sampling import accept_token, logits_to_probs, residual, sample
 
 

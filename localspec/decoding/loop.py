@@ -12,12 +12,12 @@ from typing import Iterator
 
 import numpy as np
 
-from .backend import Context
-from .config import GenConfig
+from ..backend import Context
+from ..config import GenConfig
 from .draft import Draft
-from .errors import ContextFullError
+from ..errors import ContextFullError
 from .sampling import accept_greedy, accept_sampled, apply_logit_bias
-from .stats import Stats
+from ..stats import Stats
 
 NO_DRAFT = Draft()
 

@@ -8,7 +8,7 @@ import threading
 from bisect import bisect_left
 from dataclasses import dataclass
 
-from .backend import common_prefix
+from ..backend import common_prefix
 from .draft import Draft
 
 

@@ -14,10 +14,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from .backend import Context, common_prefix
-from .config import GenConfig
+from ..backend import Context, common_prefix
+from ..config import GenConfig
 from .draft import Draft
-from .errors import ConfigError
+from ..errors import ConfigError
 from .ngram import NgramDrafter
 from .sampling import logits_to_probs, sample
 
