@@ -50,7 +50,7 @@ class GenConfig:
 
     # --- constraints on the target's distribution (drafts are judged against the constrained target) ---
     logit_bias: dict[int, float] = field(default_factory=dict)  # token id -> added logit (-inf bans it)
-    grammar: str | None = None  # GBNF the output must follow (decoding/constraints.py; JSON schemas are turned into one)
+    grammar: str | None = None  # GBNF the output must follow (decoding/constraints.py; JSON schemas become one)
     heal: str = ""  # token healing: text the prompt ends with but its tokens leave out; the output must start with it (hidden)
 
     def with_(self, **kw) -> "GenConfig":
@@ -64,7 +64,7 @@ class LoadConfig:
     n_parallel: int = 1  # generations at once in one context (a server's --parallel; batching.py)
     n_threads: int = field(default_factory=default_threads)  # decode threads (all cores, see above)
     n_threads_batch: int = field(default_factory=default_threads)  # prompt/verify threads
-    adapt_threads: bool = True  # use fewer threads while other processes hold the cores (threads.py); -t N fixes them
+    adapt_threads: bool = True  # fewer threads while other processes hold the cores (costs/threads.py); -t N fixes them
     n_gpu_layers_target: int = -1  # -1 = offload every layer when a GPU backend is compiled in
     n_gpu_layers_draft: int = -1  # same for the draft
     # Memory-mapped load, with the file's pages released as llama.cpp finishes with them (backend.py):
@@ -80,7 +80,7 @@ class LoadConfig:
     verify_buckets: bool | None = None
     chat_template: str | None = None  # override the template stored in the GGUF
     # llama.cpp's flash attention: "on", "off", or "auto": llama.cpp's own choice on a GPU; on a CPU the
-    # kernel measured faster for this tool's work (attention.py says how). It takes a smaller compute
+    # kernel measured faster for this tool's work (costs/attention.py says how). It takes a smaller compute
     # buffer (docs/BENCHMARKS.md has a 32k context's with and without).
     flash_attn: str = "auto"
     # --exact: batch-invariant kernels (backend/exact.py), so speculative output has plain decoding's bits

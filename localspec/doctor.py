@@ -183,7 +183,7 @@ def profile_shape_checks() -> list[dict[str, str]]:
     """Stored cost profiles (measured by `localspec tune`) whose verify passes cost much more than the
     backend's own repeated-shape curve on the same device."""
     from .bench.report import cost_warnings
-    from .costmodel import CostProfile
+    from .costs.costmodel import CostProfile
 
     out = []
     for path in sorted(paths.profiles_dir().glob("*.json")) if paths.profiles_dir().exists() else []:

@@ -14,23 +14,23 @@ from typing import Callable, Iterator, TypeVar
 
 import numpy as np
 
-from .attention import cpu_kernel
+from .costs.attention import cpu_kernel
 from .backend import Context, GrammarSampler, Model, exact, fill_to_answer, system_info
 from .chat_format import Message, chat_text, prompt_tokens
 from .compat import require_compatible
 from .config import GenConfig, LoadConfig
 from .decoding.constraints import GrammarConstraint, starts_with_grammar
-from .costmodel import reference_profile
+from .costs.costmodel import reference_profile
 from .decoding.drafters import DraftModel, assemble_drafter
 from .errors import ConfigError, ContextFullError
 from .lane import Lane
 from .decoding.loop import speculative_decode
 from .decoding.ngram import NgramDrafter, NgramMemory
 from .decoding.policy import REPEATABLE_MIN_MATCH, FixedK, make_policy
-from .predictions import estimated_speedup
+from .costs.predictions import estimated_speedup
 from .stats import Stats
 from .text import Chunk, TextStream
-from .threads import ThreadGovernor
+from .costs.threads import ThreadGovernor
 
 T = TypeVar("T")
 BACKGROUND_STEP = 64  # tokens per pass of a prompt evaluation that may be interrupted: a short wait, barely slower
@@ -88,7 +88,7 @@ class Engine:
     @classmethod
     def flash_attn_in_use(cls, load: LoadConfig, model: Model | None = None) -> str:
         """llama.cpp's flash attention as this load runs it: what was asked for, or for "auto" llama.cpp's
-        own choice on a GPU and on a CPU the kernel attention.py measures faster for `model` ("off"
+        own choice on a GPU and on a CPU the kernel costs/attention.py measures faster for `model` ("off"
         without a model: on some CPUs flash attention is the slower one from a few hundred tokens deep)."""
         if load.exact or load.flash_attn != "auto":
             return exact.FLASH_ATTN if load.exact else load.flash_attn

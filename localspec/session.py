@@ -192,7 +192,7 @@ def prefetch(path: str) -> None:
 
 def follow_recent_load(engine) -> None:
     """Start at the thread count a process found fastest a moment ago, and remember this one's."""
-    from .tuning import save_threads_hint, threads_hint
+    from .costs.tuning import save_threads_hint, threads_hint
 
     gov = engine.governor
     if gov is None:
@@ -218,15 +218,16 @@ def load_notes(models: ModelChoice) -> list[str]:
 
 
 def open_engine(sel: Selection, load: LoadConfig, notify: Notify | None = None, engine_class=None):
-    """An `Engine` (or `engine_class`: a server's `serving.ServingEngine`). The target loads now; the draft model when a round first drafts with it (never for --no-spec,
-    --drafter ngram, or auto on a machine where the model draft cannot pay). The pair's compatibility
+    """An `Engine` (or `engine_class`: a server's `serving.ServingEngine`). The target loads now; the draft
+    model when a round first drafts with it (never for --no-spec, --drafter ngram, or auto on a machine
+    where the model draft cannot pay). The pair's compatibility
     is checked now, from the GGUF headers, so a wrong draft is still one clear error up front (beside the
     target's load, which runs in llama.cpp without Python's lock: the first check reads two vocabularies)."""
     from concurrent.futures import ThreadPoolExecutor
 
     from .backend import exact
     from .engine import Engine
-    from .tuning import check_pair
+    from .costs.tuning import check_pair
 
     with ThreadPoolExecutor(1) as pool:
         checked = pool.submit(check_pair, Path(sel.target), Path(sel.draft)) if sel.draft else None
@@ -255,7 +256,7 @@ def ensure_profile(engine, spec: str = "auto", notify: Notify | None = None, rem
     profile of this (pair, device, threads) or measure one (saying so through `notify`; a quick one,
     ~2 s, the first time; `localspec tune` measures the full one); with `remeasure` measure the full
     one again. Otherwise, or with measure=False, only a stored one is attached."""
-    from .tuning import load_profile, tune
+    from .costs.tuning import load_profile, tune
 
     if remeasure or (spec == "auto" and engine.profile is None):
         prof = None if remeasure else load_profile(engine, notify)
@@ -337,15 +338,15 @@ class Session:
     def measure_costs(self, busy: Callable[[], bool]) -> None:
         """auto's pass costs, now that nobody waits: a stored profile (another process may have measured it
         meanwhile), else measured and kept only if `busy()` says no other program used the cores."""
-        from .tuning import tune_while_quiet
+        from .costs.tuning import tune_while_quiet
 
         if ensure_profile(self.engine, "auto", measure=False) is None and not busy():
             tune_while_quiet(self.engine, busy)
 
     def measure_kernel(self, busy: Callable[[], bool], stop: Callable[[], bool]) -> None:
-        """This CPU's attention kernel, if still unmeasured (attention.py), given up when `stop()` says; used
+        """This CPU's attention kernel, if still unmeasured (costs/attention.py), given up when `stop()` says; used
         from the next load."""
-        from . import attention
+        from .costs import attention
 
         if not busy():
             attention.measure_for(self.engine, stop, busy)
@@ -364,7 +365,7 @@ class Session:
             return True
         if engine.profile is None or not engine.profile.t_draft:
             return False  # auto without measured costs decodes plainly until it has them
-        from .costmodel import best_k
+        from .costs.costmodel import best_k
 
         return best_k(0.95, cfg.draft_max, engine.profile, "model")[1] >= 1.1
 

@@ -26,7 +26,7 @@ from pathlib import Path
 import llamacpp_tools
 
 from localspec.config import LoadConfig
-from localspec.tuning import measure_costs, steady_verify
+from localspec.costs.tuning import measure_costs, steady_verify
 from localspec.engine import Engine
 from localspec.session import ModelChoice, select_models
 

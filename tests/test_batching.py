@@ -13,7 +13,7 @@ from localspec.batching import PROMPT_SLICE, Batcher, Pass
 from localspec.promptfills import PromptFills
 from localspec.swap import SwapSpace
 from localspec.config import GenConfig, LoadConfig
-from localspec.costmodel import CostProfile, best_k, best_k_shared
+from localspec.costs.costmodel import CostProfile, best_k, best_k_shared
 from localspec.chat_format import Message
 from localspec.engine import Engine
 from localspec.serving import ServingEngine
@@ -350,7 +350,7 @@ def test_a_request_gets_the_lane_holding_its_prefix_and_idle_lanes_are_parked(sh
 def test_a_quick_profile_gets_its_whole_curve_in_the_first_idle_moment_even_after_a_short_request(shared):
     """After a "hi" (too shallow to measure over), the idle measurement fills the lane to QUICK_FILL
     tokens, prices passes to 64 there, and leaves the lane holding the conversation it held."""
-    from localspec.costmodel import CURVE_SIZES
+    from localspec.costs.costmodel import CURVE_SIZES
     from localspec.server import worker
 
     srv = worker.ModelWorker.__new__(worker.ModelWorker)

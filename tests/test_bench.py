@@ -153,7 +153,7 @@ def test_default_settings_are_fixed_model_draft_and_runs_default(tiny, tmp_path)
 
 
 def test_auto_reuses_the_stored_profile_unless_retune(tiny, tmp_path, monkeypatch):
-    from localspec import tuning
+    from localspec.costs import tuning
 
     measured = []  # every profile measurement, counted where profiles are made (the predictions' own costs aside)
     real = tuning.tune

@@ -360,8 +360,8 @@ def test_spec_auto_measures_costs_and_estimates_the_speedup(tiny, monkeypatch):
 
 
 def test_estimated_speedup_from_rounds_and_pass_costs():
-    from localspec.predictions import estimated_speedup
-    from localspec.costmodel import CostProfile
+    from localspec.costs.predictions import estimated_speedup
+    from localspec.costs.costmodel import CostProfile
     from localspec.stats import Stats
 
     prof = CostProfile(t_decode=1.0, t_verify=[1.0, 1.5, 2.0, 2.5, 3.0], t_draft=0.1)

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import pytest
 
-from localspec import tuning
-from localspec import predictions as predict
+from localspec.costs import tuning
+from localspec.costs import predictions as predict
 from conftest import THREADS
 
 from localspec.config import LoadConfig
-from localspec.costmodel import CostProfile, best_k, expected_tokens, predicted_speedup
+from localspec.costs.costmodel import CostProfile, best_k, expected_tokens, predicted_speedup
 from localspec.engine import Engine
 
 
@@ -156,7 +156,7 @@ def test_disturbed_costs_are_flagged():
 
 
 def test_profile_at_depth_picks_the_nearest_measured_depth():
-    from localspec.costmodel import CostProfile, depth_bucket
+    from localspec.costs.costmodel import CostProfile, depth_bucket
 
     p = CostProfile(t_decode=1.0, t_verify=[1.0, 1.8, 2.4], by_depth={"1100": [2.0, 3.0, 3.5], "4200": [4.0, 5.0, 6.0]})
     assert p.at_depth(100) is p and p.at_depth(400) is p
@@ -167,7 +167,7 @@ def test_profile_at_depth_picks_the_nearest_measured_depth():
 
 
 def test_measure_at_depth_leaves_the_cache_as_it_was(tiny):
-    from localspec.tuning import measure_at_depth
+    from localspec.costs.tuning import measure_at_depth
 
     e = Engine(tiny.target, None, LoadConfig(n_ctx=1024, n_threads=THREADS, n_threads_batch=THREADS))
     toks = e.prompt_tokens("the cache of the model " * 40, raw=True)
@@ -218,7 +218,7 @@ def test_measured_decode_is_the_steady_single_token_pass(monkeypatch):
 
 def test_verify_much_dearer_than_the_backends_own_curve_is_named():
     from localspec.bench.report import cost_warnings
-    from localspec.costmodel import shape_penalty
+    from localspec.costs.costmodel import shape_penalty
 
     gpu_seen = CostProfile(t_decode=1.0, t_verify=[1.0, 2.66, 2.8, 3.0])  # H100 as generation ran it
     llama_bench = [1.0, 1.05, 1.10, 1.15]  # the same GPU with each shape repeated
@@ -231,7 +231,7 @@ def test_verify_much_dearer_than_the_backends_own_curve_is_named():
 
 
 def test_the_steady_curve_is_measured_and_leaves_the_cache(tiny):
-    from localspec.tuning import steady_verify
+    from localspec.costs.tuning import steady_verify
 
     e = Engine(tiny.target, None, LoadConfig(n_ctx=512, n_threads=THREADS, n_threads_batch=THREADS))
     try:

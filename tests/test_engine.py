@@ -248,7 +248,7 @@ def test_stochastic_exactness_first_tokens(drafter, fixture, request):
 
 def test_stochastic_exactness_with_k_changing_every_round(perturbed):
     """Second-token distribution under the adaptive policy (k varies round to round)."""
-    from localspec.costmodel import CostProfile
+    from localspec.costs.costmodel import CostProfile
 
     e = perturbed
     e.profile = CostProfile(t_decode=1.0, t_verify=[1.0, 1.05, 1.1, 1.15, 1.2], t_draft=0.05)

@@ -17,7 +17,7 @@ from conftest import THREADS
 from tinygguf import build_tiny_model
 
 from localspec.config import GenConfig, LoadConfig
-from localspec.costmodel import CostProfile
+from localspec.costs.costmodel import CostProfile
 from localspec.engine import Engine
 from localspec.decoding.policy import REPEATABLE_MIN_MATCH
 from localspec.server.apierrors import ApiError

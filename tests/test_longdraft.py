@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from localspec.costmodel import CostProfile, densify, implausible_pass
-from localspec.tuning import noisy_sizes
+from localspec.costs.costmodel import CostProfile, densify, implausible_pass
+from localspec.costs.tuning import noisy_sizes
 from localspec.decoding.draft import Draft
 from localspec.decoding.ngram import NgramDrafter
 from localspec.decoding.policy import AdaptivePolicy, FixedK

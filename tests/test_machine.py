@@ -70,7 +70,7 @@ def test_the_doctor_names_the_rebuild(monkeypatch, cli):
 
 
 def test_the_cpu_attention_kernel_is_weighed_per_token_of_a_chat_and_of_a_copy_measured_once(monkeypatch, tiny):
-    from localspec import attention
+    from localspec.costs import attention
 
     model = backend_model.Model(tiny.target)
     assert attention.cpu_kernel(model, 2, 2) == "off"  # a tiny model: nothing to measure, the plain kernel
@@ -114,7 +114,7 @@ def test_the_cpu_attention_kernel_is_weighed_per_token_of_a_chat_and_of_a_copy_m
 
 
 def test_a_kernel_measurement_gives_way_between_passes(tiny):
-    from localspec import attention
+    from localspec.costs import attention
 
     model = backend_model.Model(tiny.target)
     asked = []

@@ -241,7 +241,7 @@ def test_idle_measurements_wait_while_other_programs_use_the_cpu(tmp_path):
     import os
 
     from localspec.server.worker import ModelWorker
-    from localspec.threads import CpuWatch
+    from localspec.costs.threads import CpuWatch
 
     stat = tmp_path / "stat"
     stat.write_text("cpu  1000 0 1000 50000 0 0 0 0 0 0\n")

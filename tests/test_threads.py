@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from localspec.threads import ThreadGovernor
+from localspec.costs.threads import ThreadGovernor
 
 
 class Machine:
@@ -92,7 +92,7 @@ def test_passes_without_an_expected_cost_are_ignored():
 def test_a_process_starts_at_the_count_a_recent_one_found_fastest(localspec_home, monkeypatch):
     import time
 
-    from localspec import tuning
+    from localspec.costs import tuning
 
     assert tuning.threads_hint(2) is None
     tuning.save_threads_hint(1)
@@ -136,7 +136,7 @@ def test_no_probe_while_other_processes_hold_the_spare_core(monkeypatch):
 
 
 def test_cpu_watch_reads_other_processes_busy_time(tmp_path):
-    from localspec.threads import CpuWatch
+    from localspec.costs.threads import CpuWatch
 
     stat = tmp_path / "stat"
     stat.write_text("cpu  100 0 100 1000 0 0 0 0 0 0\n")
@@ -151,7 +151,7 @@ def test_cpu_watch_reads_other_processes_busy_time(tmp_path):
 def test_a_cpu_watch_asked_too_soon_keeps_its_window_open(tmp_path):
     """Asked every pass (each shorter than 0.2 s), the watch still answers once its window is long
     enough: a window restarted at every question never saw another program's work."""
-    from localspec.threads import CpuWatch
+    from localspec.costs.threads import CpuWatch
 
     stat = tmp_path / "stat"
     stat.write_text("cpu  100 0 100 1000 0 0 0 0 0 0\n")
@@ -167,7 +167,7 @@ def test_idle_measurement_passes_are_not_read_as_load(tiny):
     """The server's idle measurements run passes no generation asked for (64-token passes a quick profile
     only guesses at): the governor does not see them; a generation's passes it does."""
     from localspec.config import LoadConfig
-    from localspec.costmodel import CostProfile
+    from localspec.costs.costmodel import CostProfile
     from localspec.engine import Engine
 
     e = Engine(tiny.target, None, LoadConfig(n_ctx=512, n_threads=2, n_threads_batch=2))

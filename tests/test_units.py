@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from localspec.config import GenConfig
-from localspec.costmodel import CostProfile
+from localspec.costs.costmodel import CostProfile
 from localspec.decoding.ngram import NgramDrafter
 from localspec.decoding.policy import AdaptivePolicy, FixedK
 from localspec.decoding.sampling import accept_greedy, logits_to_probs, residual, top2_margin
@@ -226,7 +226,7 @@ def test_pass_costs_measured_on_a_busy_machine_are_not_kept(tiny):
     from localspec import paths
     from localspec.config import LoadConfig
     from localspec.engine import Engine
-    from localspec.tuning import tune_while_quiet
+    from localspec.costs.tuning import tune_while_quiet
 
     e = Engine(tiny.target, None, LoadConfig(n_threads=2, n_threads_batch=2))
     try:

@@ -9,7 +9,7 @@ import os
 import platform
 from pathlib import Path
 
-from ..costmodel import CostProfile, best_k, implausible_pass, shape_penalty
+from ..costs.costmodel import CostProfile, best_k, implausible_pass, shape_penalty
 
 ALPHAS = (0.5, 0.6, 0.7, 0.8, 0.9, 0.95)
 

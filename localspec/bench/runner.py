@@ -20,7 +20,7 @@ import statistics
 from dataclasses import dataclass
 
 from ..config import GenConfig
-from ..costmodel import CostProfile
+from ..costs.costmodel import CostProfile
 from ..chat_format import Message
 from ..errors import ConfigError
 from ..fim import fim_stop_tokens, infill_tokens
@@ -197,7 +197,7 @@ def run_bench(engine, workloads: dict[str, list[Prompt]], settings: list[Setting
     """Run the whole schedule; return one result dict per workload (see `summarize_workload`)."""
     progress = progress or NullProgress()
     if any(s.spec == "auto" for s in settings) and engine.profile is None:
-        raise ConfigError("--spec auto needs the engine's cost profile (localspec.tuning.ensure_profile)")
+        raise ConfigError("--spec auto needs the engine's cost profile (session.ensure_profile)")
     every = max(1, opts.baseline_every)
     n_ctx = engine.target.n_ctx
     k_max = max(s.cap for s in settings)

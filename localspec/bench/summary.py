@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import statistics
 
-from .. import predictions as predict
-from ..costmodel import CostProfile
+from ..costs import predictions as predict
+from ..costs.costmodel import CostProfile
 from ..stats import Stats
 from .workloads import BUILTIN
 

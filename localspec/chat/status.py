@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 from textual.content import Content
 
-from ..predictions import estimated_speedup
+from ..costs.predictions import estimated_speedup
 
 DRAFT_STYLE = "bold #5fd75f"  # accepted draft tokens (draft model or n-gram lookup)
 TARGET_STYLE = "#ffaf00"  # tokens the target produced itself (corrections and bonus tokens)

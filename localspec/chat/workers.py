@@ -15,7 +15,7 @@ from typing import Callable
 from ..errors import ContextFullError, LocalspecError
 from ..client.remote import attach
 from ..session import GenChoice, ModelChoice, Session, SessionFace
-from ..threads import quiet_watch
+from ..costs.threads import quiet_watch
 from .messages import (
     Loaded,
     LoadFailed,

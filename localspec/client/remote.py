@@ -16,7 +16,7 @@ import socket
 from dataclasses import dataclass
 from typing import Callable, Iterator
 
-from ..costmodel import CostProfile
+from ..costs.costmodel import CostProfile
 from ..chat_format import Message
 from ..text import Chunk
 from ..errors import LocalspecError

@@ -149,7 +149,7 @@ def _engine(args, sel):
 def _cmd_costs(args, sel) -> int:
     from ..bench.document import pair_info
     from ..bench.report import break_even, cost_warnings, costs_dict, costs_lines
-    from ..tuning import measure_costs, profile_path, steady_verify, tune
+    from ..costs.tuning import measure_costs, profile_path, steady_verify, tune
 
     engine = _engine(args, sel)
     try:
@@ -189,7 +189,7 @@ def _cmd_run(args, sel, chosen, settings) -> int:
     from ..bench.document import bench_document
     from ..bench.progress import Progress
     from ..bench.runner import NullProgress, Options, run_bench
-    from ..tuning import measure_costs
+    from ..costs.tuning import measure_costs
 
     needs_auto = any(s.spec == "auto" for s in settings)
     engine = _engine(args, sel)

@@ -7,8 +7,8 @@ import sys
 
 from ..errors import ConfigError, LocalspecError
 from ..session import Session, gen_config, load_config, open_engine, select_models
-from ..threads import quiet_watch
-from ..tuning import tune_while_quiet
+from ..costs.threads import quiet_watch
+from ..costs.tuning import tune_while_quiet
 from .common import add_gen_args, add_model_args, gen_choice, model_choice, pos_int, stderr_note
 
 

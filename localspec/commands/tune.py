@@ -6,7 +6,7 @@ import json
 import sys
 
 from ..config import GenConfig
-from ..costmodel import best_k, predicted_speedup
+from ..costs.costmodel import best_k, predicted_speedup
 from ..session import load_config, open_engine, select_models
 from .common import add_model_args, model_choice
 
@@ -30,7 +30,7 @@ def register(sub) -> None:
 
 
 def cmd_tune(args) -> int:
-    from ..tuning import load_profile, tune
+    from ..costs.tuning import load_profile, tune
 
     choice = model_choice(args)
     sel = select_models(choice)
@@ -85,7 +85,7 @@ def cmd_tune(args) -> int:
 def compare_q4_0(engine, sel, load) -> dict:
     """Build the Q4_0 draft, then measure its per-token cost and its greedy acceptance against
     the original draft on the same prompts, before anyone uses it."""
-    from ..tuning import measure_costs
+    from ..costs.tuning import measure_costs
     from ..engine import Engine
     from ..quantize import quantize_q4_0
 

@@ -23,7 +23,7 @@
 from __future__ import annotations
 
 from ..config import GenConfig
-from ..costmodel import CostProfile, best_k, best_k_shared
+from ..costs.costmodel import CostProfile, best_k, best_k_shared
 from .sampling import accept_greedy
 
 

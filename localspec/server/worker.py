@@ -24,14 +24,14 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable
 
-from .. import attention
-from ..costmodel import CURVE_SIZES, depth_bucket
+from ..costs import attention
+from ..costs.costmodel import CURVE_SIZES, depth_bucket
 from ..errors import LocalspecError
 from ..fim_windows import EditorSettings, EditorWindows
 from ..session import Session
-from ..tuning import keep_profile, measure_at_depth, measure_when_idle
+from ..costs.tuning import keep_profile, measure_at_depth, measure_when_idle
 from ..stats import Stats
-from ..threads import OTHERS_BUSY, CpuWatch
+from ..costs.threads import OTHERS_BUSY, CpuWatch
 from .infill import LineLimits
 from .jobqueue import JobQueue
 from .lanes import LanePool

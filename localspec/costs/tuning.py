@@ -15,13 +15,13 @@ import statistics
 import time
 from pathlib import Path
 
-from . import paths
+from .. import paths
 from .costmodel import CURVE_SIZES, QUICK_SIZES, CostProfile, densify, plausible, timed_pass
-from .errors import PassInterrupted
+from ..errors import PassInterrupted
 
 
 def profile_key(engine) -> str:
-    from .backend import system_info
+    from ..backend import system_info
 
     load = engine.load
     info = system_info()
@@ -250,8 +250,8 @@ def check_pair(target: Path, draft: Path) -> None:
     """llama.cpp's draft/target rules (compat.py) from the two GGUF headers, so the draft model can
     load later, only when a round drafts with it. A verdict of "compatible" is kept per pair of files
     (name, size, mtime): the header check reads both vocabularies (Qwen's has 151,936 tokens)."""
-    from .compat import require_compatible
-    from .models.check import vocab_info_from_header
+    from ..compat import require_compatible
+    from ..models.check import vocab_info_from_header
 
     key = f"{_file_key(target)} | {_file_key(draft)}"
     store = paths.home() / "compatible-pairs.json"

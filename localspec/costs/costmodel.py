@@ -85,7 +85,7 @@ class CostProfile:
         return [t / self.t_decode for t in self.t_verify]
 
     def save(self, path: Path) -> None:
-        from .paths import write_atomic
+        from ..paths import write_atomic
 
         write_atomic(path, json.dumps(asdict(self), indent=2))
 

@@ -22,8 +22,8 @@ import hashlib
 import json
 from statistics import median
 
-from . import paths
-from .backend import Context, Model
+from .. import paths
+from ..backend import Context, Model
 from .costmodel import timed_pass
 
 DEPTH = 64  # tokens in the cache while decodes are timed (a short chat; flash attention gains most there)
@@ -155,7 +155,7 @@ def deep_ms(model: Model, n_threads: int, n_threads_batch: int, stop=None) -> di
 
 
 def _path(model: Model, n_threads: int):
-    from .backend import system_info
+    from ..backend import system_info
 
     key = json.dumps({"model": paths.file_id(model.path), "threads": n_threads, "rule": RULE,
                       "llama_cpp_python": system_info()["llama_cpp_python"]}, sort_keys=True)
