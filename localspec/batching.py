@@ -31,7 +31,7 @@ import numpy as np
 
 from .backend import Context, sync_cache
 from .errors import ContextFullError, PassInterrupted
-from .swap import SwapSpace
+from .caches.swap import SwapSpace
 
 GATHER_S = 0.004  # a step waits this long for sequences still busy in Python (accepting, drafting)
 PRIORITY_WAIT_S = 0.05  # while an editor's completion runs, the others' passes wait this long for its next one
@@ -80,7 +80,7 @@ class Batcher:
     def __init__(self, ctx: Context, make_room=None):
         """make_room(): free cells held by idle sequences when the cache is full; True if it freed any."""
         self.ctx, self.make_room = ctx, make_room
-        self.swap = SwapSpace(ctx)  # sequences waiting, out of the cache, for cells (swap.py)
+        self.swap = SwapSpace(ctx)  # sequences waiting, out of the cache, for cells (caches/swap.py)
         self.cancels: dict[int, Callable[[], bool]] = {}  # seq -> whether its client has gone
         self.leaves = self.leaves_seen = 0  # generations ended; a swapped sequence may fit since
         self.cv = threading.Condition()

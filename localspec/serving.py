@@ -1,6 +1,6 @@
 """The engine a server runs: `ServingEngine`, an `Engine` with `--parallel` lanes over one context (their passes
 batched by batching.py, one sequence each), a full cache's room made by parking idle lanes, prompts shared
-while they fill (promptfills.py), and saved prompts in memory and on disk (promptcache.py).
+while they fill, and saved prompts in memory and on disk (caches/: promptfills, promptcache).
 
 The CLI and the chat app run one generation at a time and load a plain `Engine`; only `localspec serve` builds
 this one (`session.open_engine(..., engine_class=ServingEngine)`), so none of it sits on their path.
@@ -17,8 +17,8 @@ from .config import LoadConfig
 from .engine import Engine
 from .lane import Lane
 from .decoding.ngram import NgramDrafter
-from .promptcache import prompt_cache_for
-from .promptfills import PromptFills
+from .caches.promptcache import prompt_cache_for
+from .caches.promptfills import PromptFills
 from .stats import Stats
 
 T = TypeVar("T")

@@ -10,15 +10,15 @@ import pytest
 
 from localspec.backend import Context, Model, sync_cache
 from localspec.batching import PROMPT_SLICE, Batcher, Pass
-from localspec.promptfills import PromptFills
-from localspec.swap import SwapSpace
+from localspec.caches.promptfills import PromptFills
+from localspec.caches.swap import SwapSpace
 from localspec.config import GenConfig, LoadConfig
 from localspec.costs.costmodel import CostProfile, best_k, best_k_shared
 from localspec.chat_format import Message
 from localspec.engine import Engine
 from localspec.serving import ServingEngine
 from localspec.errors import PassInterrupted
-from localspec.promptcache import PromptCache
+from localspec.caches.promptcache import PromptCache
 from localspec.verify import first_parting, logit_noise, plain_greedy_with_margins
 
 from conftest import THREADS
@@ -562,7 +562,7 @@ def test_a_request_lets_idle_work_hand_back_its_deep_lane_before_choosing(shared
 def test_a_repeated_prompt_is_restored_even_when_it_saves_only_a_few_tokens(shared):
     """A snapshot holding the whole prompt is restored when it saves a few tokens (a copy of 2.6 us a
     token of the snapshot against ~20 ms a token of a short pass); a huge snapshot needs a larger gain."""
-    from localspec.promptcache import restore_pays
+    from localspec.caches.promptcache import restore_pays
 
     assert restore_pays(1, 150) and restore_pays(14, 4000) and not restore_pays(3, 19000)
     shared.prompt_cache = PromptCache(shared.lanes[0].target, 64 << 20, lanes=[x.target for x in shared.lanes])
@@ -715,7 +715,7 @@ def prompt_of(e: Engine, n: int, seed: str) -> list[int]:
 def test_prompts_that_fit_alone_but_not_together_both_answer_whole(tiny):
     """Two requests, each fitting the context alone, together not: the cache fills while both evaluate,
     and instead of both failing ("no KV-cache slot") the younger one's cells move to host memory until
-    the older has answered, then come back (swap.py). Neither is refused, neither cut short."""
+    the older has answered, then come back (caches/swap.py). Neither is refused, neither cut short."""
     e = ServingEngine(tiny.target, None, load(2, n_ctx=256))
     try:
         prompts = [prompt_of(e, 180, "alpha beta"), prompt_of(e, 180, "gamma delta")]

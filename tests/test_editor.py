@@ -17,7 +17,7 @@ from localspec.config import GenConfig, LoadConfig
 from localspec.serving import ServingEngine
 from localspec.fim import fim_stop_tokens
 from localspec.fim_windows import EditorWindows, FimBudget
-from localspec.promptcache import PromptCache
+from localspec.caches.promptcache import PromptCache
 from localspec.server.jobqueue import JobQueue
 
 FILE = ["def read the file", "    for line in data", "        write the code", "    return value",

@@ -132,8 +132,8 @@ def test_a_repeated_request_drafts_from_the_earlier_answer(fim_engine):
 def test_a_long_prompt_outlives_the_process_on_disk(tiny, tmp_path):
     """A prompt evaluated once is restored from disk by a new engine (a restarted server), verified first:
     a corrupt entry is deleted and evaluated again, never loaded; another pair's entries are not seen."""
-    from localspec.promptcache import PromptCache
-    from localspec.promptdisk import SAVE_MIN, DiskPrompts, pair_key
+    from localspec.caches.promptcache import PromptCache
+    from localspec.caches.promptdisk import SAVE_MIN, DiskPrompts, pair_key
 
     load = LoadConfig(n_ctx=4096, n_threads=THREADS, n_threads_batch=THREADS)
     prompt = [(i * 7) % 200 + 3 for i in range(SAVE_MIN + 300)]
@@ -174,7 +174,7 @@ def test_a_long_prompt_outlives_the_process_on_disk(tiny, tmp_path):
 
 @pytest.mark.parametrize("meta", ["[]", "null", "7", '"text"', "{not json", '{"format": 1}'])
 def test_a_saved_prompt_entry_that_is_not_one_is_dropped_with_a_warning(tmp_path, meta):
-    from localspec.promptdisk import DiskPrompts
+    from localspec.caches.promptdisk import DiskPrompts
 
     warnings = []
     disk = DiskPrompts(tmp_path, "model.gguf", 256 << 20, warnings.append)

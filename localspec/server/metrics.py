@@ -43,7 +43,7 @@ class Metrics:
             self.n_tokens_max = max(self.n_tokens_max, st.prompt_tokens + st.tokens)
 
     def prometheus(self, swapped: int = 0) -> str:
-        """swapped: sequences moved out of a full cache to wait for cells (swap.py), since the start."""
+        """swapped: sequences moved out of a full cache to wait for cells (caches/swap.py), since the start."""
         return prometheus_text([("", self.samples(swapped))])
 
     def samples(self, swapped: int = 0) -> list[tuple[str, str, str, str, float]]:

@@ -24,8 +24,8 @@ import zlib
 from dataclasses import dataclass
 from pathlib import Path
 
-from .backend import common_prefix
-from .paths import write_atomic
+from ..backend import common_prefix
+from ..paths import write_atomic
 
 FORMAT = 1
 SAVE_MIN = 1024  # a prompt is saved once a request had to evaluate at least this many tokens of it

@@ -19,8 +19,8 @@ from __future__ import annotations
 import threading
 from dataclasses import dataclass, field
 
-from .backend import Context, common_prefix
-from . import paths
+from ..backend import Context, common_prefix
+from .. import paths
 from .promptdisk import SAVE_MIN, DiskPrompts, pair_key
 
 KEEP_MIN = 64  # a divergence that would lose fewer cached tokens than this is not worth a snapshot
