@@ -15,8 +15,8 @@ from serverproc import ServerProcess
 from localspec.backend import common_prefix
 from localspec.config import GenConfig, LoadConfig
 from localspec.serving import ServingEngine
-from localspec.fim import fim_stop_tokens
-from localspec.fim_windows import EditorWindows, FimBudget
+from localspec.fim.layout import fim_stop_tokens
+from localspec.fim.windows import EditorWindows, FimBudget
 from localspec.caches.promptcache import PromptCache
 from localspec.server.jobqueue import JobQueue
 
@@ -71,7 +71,7 @@ def test_a_jump_moves_the_window_in_one_step_and_keeps_it_while_it_fits(fim_engi
 
 
 def test_the_suffix_follows_the_prompt_speed_and_holds_while_the_anchor_does(fim_engine):
-    from localspec.fim_windows import SUFFIX_MAX, SUFFIX_MIN
+    from localspec.fim.windows import SUFFIX_MAX, SUFFIX_MIN
     m = fim_engine.target_model
     long_file = [f"    x = {i}" for i in range(400)]
 

@@ -12,7 +12,7 @@ from tinygguf import FIM_TOKENS
 from localspec.config import GenConfig, LoadConfig
 from localspec.decoding.ngram import NgramDrafter
 from localspec.serving import ServingEngine
-from localspec import fim as fimmod
+from localspec.fim import layout as fimmod
 from localspec.server import infill
 from localspec.server.apierrors import ApiError
 from localspec.server.llama_api import pick_fields

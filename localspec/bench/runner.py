@@ -23,7 +23,7 @@ from ..config import GenConfig
 from ..costs.costmodel import CostProfile
 from ..chat_format import Message
 from ..errors import ConfigError
-from ..fim import fim_stop_tokens, infill_tokens
+from ..fim.layout import fim_stop_tokens, infill_tokens
 from ..stats import Stats
 from .summary import summarize_workload
 from .workloads import Prompt

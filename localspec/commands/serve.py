@@ -126,7 +126,7 @@ def served_models(choice, models_dir: str | None = None):
 
 
 def add_editor_args(p) -> None:
-    from ..fim_windows import PREFIX_MAX, PREFIX_MIN, PREFIX_S, SUFFIX_MAX, SUFFIX_MIN, SUFFIX_S, FimBudget
+    from ..fim.windows import PREFIX_MAX, PREFIX_MIN, PREFIX_S, SUFFIX_MAX, SUFFIX_MIN, SUFFIX_S, FimBudget
 
     d = FimBudget()
     g = p.add_argument_group("editors (/infill)")
@@ -150,7 +150,7 @@ def add_editor_args(p) -> None:
 
 
 def editor_settings(args):
-    from ..fim_windows import EditorSettings, FimBudget
+    from ..fim.windows import EditorSettings, FimBudget
 
     budget = FimBudget(prefix=args.fim_prefix, suffix=args.fim_suffix, extra=args.fim_extra)
     return EditorSettings(layout=args.fim_layout, budget=budget)

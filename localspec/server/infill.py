@@ -1,5 +1,5 @@
 """`/infill`'s request checks (llama-server's, in its order) and the limits editors ask for
-(n_indent, t_max_predict_ms). The FIM prompt itself is built by `localspec.fim`."""
+(n_indent, t_max_predict_ms). The FIM prompt itself is built by `localspec.fim.layout`."""
 
 from __future__ import annotations
 

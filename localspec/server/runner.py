@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Callable
 
 from ..errors import ConfigError, LocalspecError
-from ..fim_windows import EditorSettings
+from ..fim.windows import EditorSettings
 from ..models.catalog import CatalogEntry
 from ..serving import ServingEngine
 from ..session import GenChoice, ModelChoice, Session

@@ -27,7 +27,7 @@ from typing import Callable
 from ..costs import attention
 from ..costs.costmodel import CURVE_SIZES, depth_bucket
 from ..errors import LocalspecError
-from ..fim_windows import EditorSettings, EditorWindows
+from ..fim.windows import EditorSettings, EditorWindows
 from ..session import Session
 from ..costs.tuning import keep_profile, measure_at_depth, measure_when_idle
 from ..stats import Stats

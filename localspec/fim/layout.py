@@ -13,7 +13,7 @@ context after one batch and twice the tokens to predict, newest chunks kept. Use
 
 from __future__ import annotations
 
-from .errors import LocalspecError
+from ..errors import LocalspecError
 
 
 class FimUnsupported(LocalspecError):

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from .fim import require_fim
+from .layout import require_fim
 
 PREFIX_S = 2.0  # a jump to a new area of a file costs about this much evaluation (typing then costs ~nothing)
 PREFIX_MIN, PREFIX_MAX = 256, 1536
