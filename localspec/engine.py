@@ -17,7 +17,7 @@ import numpy as np
 from .costs.attention import cpu_kernel
 from .backend import Context, GrammarSampler, Model, exact, fill_to_answer, system_info
 from .chat_format import Message, chat_text, prompt_tokens
-from .compat import require_compatible
+from .pairing import require_compatible
 from .config import GenConfig, LoadConfig
 from .decoding.constraints import GrammarConstraint, starts_with_grammar
 from .costs.costmodel import reference_profile

@@ -220,7 +220,7 @@ def test_timings_count_as_llama_server_does():
     """The first token comes from the prompt's pass (its last token is evaluated there): llama-server
     counts that pass and token in the prompt, and its decode rate is the tokens after the first (end of
     text included) over the time after the prompt."""
-    from localspec.server.chat import timings
+    from localspec.server.request import timings
     from localspec.stats import Stats
 
     st = Stats(prompt_tokens=30, prompt_eval_tokens=21, prompt_eval_s=0.35, tokens=90, target_passes=90,

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..compat import VocabInfo
+from ..pairing import VocabInfo
 from ..errors import ModelLoadError
 from ..machine import amx_build_at_risk
 from ..models.gguf_header import check_model_file

@@ -247,10 +247,10 @@ def measure_at_depth(ctx, n_max: int, repeats: int = 3, should_stop=None) -> lis
 
 
 def check_pair(target: Path, draft: Path) -> None:
-    """llama.cpp's draft/target rules (compat.py) from the two GGUF headers, so the draft model can
+    """llama.cpp's draft/target rules (pairing.py) from the two GGUF headers, so the draft model can
     load later, only when a round drafts with it. A verdict of "compatible" is kept per pair of files
     (name, size, mtime): the header check reads both vocabularies (Qwen's has 151,936 tokens)."""
-    from ..compat import require_compatible
+    from ..pairing import require_compatible
     from ..models.check import vocab_info_from_header
 
     key = f"{_file_key(target)} | {_file_key(draft)}"

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .. import paths
-from ..compat import first_mismatch
+from ..pairing import first_mismatch
 from ..errors import LocalspecError
 from .check import vocab_info_from_header
 from .gguf_header import GgufHeaderError

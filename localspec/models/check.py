@@ -1,5 +1,5 @@
 """`localspec check`: can a draft speculate for a target? Decided from the two GGUF headers alone
-(llama.cpp's rules in compat.py); a ref is a path, ORG/REPO/FILE.gguf, or a pair name."""
+(llama.cpp's rules in pairing.py); a ref is a path, ORG/REPO/FILE.gguf, or a pair name."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import os
 from dataclasses import asdict, dataclass, field
 from typing import Any, BinaryIO
 
-from ..compat import VocabInfo, first_mismatch
+from ..pairing import VocabInfo, first_mismatch
 from .gguf_header import read_header, read_header_file, vocab_fields
 from .manage import open_for_header, suggest_drafts
 

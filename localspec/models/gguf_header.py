@@ -7,7 +7,7 @@ chunks that grow from 256 KiB to 8 MiB: a tiny model costs one small read, Qwen'
 vocabulary (a header of several megabytes) a handful, and a remote file opened through huggingface-hub's
 `HfFileSystem` turns each read into one HTTP range request, so no weights are ever downloaded.
 
-`check_pair_files(target_ref, draft_ref)` runs llama.cpp's draft/target rules (compat.py) on two
+`check_pair_files(target_ref, draft_ref)` runs llama.cpp's draft/target rules (pairing.py) on two
 headers. A ref is a local path, `ORG/REPO/FILE.gguf` on the Hugging Face Hub (read from the local
 HF cache when it is there, else over the network with range reads unless HF_HUB_OFFLINE=1), or a
 pair name from models.yaml (the pair's target or draft, depending on the side).

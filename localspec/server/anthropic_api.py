@@ -16,8 +16,8 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from ..chat_format import Message
-from .chat import (END, LENGTH, STOP_SEQUENCE, TOOL_CALLS, ChatRequest, End, Idle, Text, joined_text,
-                   localspec_stats, open_chat, prompt_size, timings)
+from .request import (END, LENGTH, STOP_SEQUENCE, TOOL_CALLS, ChatRequest, End, Idle, Text, joined_text,
+                      localspec_stats, open_chat, prompt_size, timings)
 from .http import KEEPALIVE_S, ServerState, named_sse, read_body
 from .apierrors import ApiError
 from .settings import LOCALSPEC_FIELDS, gen_settings, integer

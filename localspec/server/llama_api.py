@@ -14,7 +14,7 @@ from starlette.responses import JSONResponse, PlainTextResponse, Response
 from ..backend import common_prefix
 from ..errors import LocalspecError
 from ..fim.layout import FimUnsupported, fim_stop_tokens, infill_tokens, require_fim
-from .chat import conversation, live_fields, localspec_stats, timings
+from .request import conversation, live_fields, localspec_stats, timings
 from .http import Run, ServerState, read_body, read_json, require_serving, stream
 from .infill import check_infill_body
 from .metrics import prometheus_text

@@ -20,7 +20,7 @@ from starlette.responses import JSONResponse, Response
 from ..chat_format import Message
 from ..models.gguf_header import read_header_file
 from ..fim.layout import FimUnsupported, fim_stop_tokens, infill_tokens, require_fim
-from .chat import LENGTH, ChatRequest, End, Text, ToolCall, localspec_stats, open_chat
+from .request import LENGTH, ChatRequest, End, Text, ToolCall, localspec_stats, open_chat
 from .http import ServerState, keep_alive_seconds, read_body, require_serving
 from .apierrors import ApiError
 from .ollama_models import entry, loaded_entry

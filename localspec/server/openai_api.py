@@ -12,8 +12,8 @@ from starlette.responses import JSONResponse, Response
 from ..chat_format import ROLE_ALIASES, ROLES, canonical_role
 from ..chat_format import Message
 from .apierrors import ApiError
-from .chat import (LENGTH, TOOL_CALLS, ChatRequest, End, Idle, Text, ToolCall, end_of, live_fields,
-                   localspec_stats, new_id, open_chat, timings)
+from .request import (LENGTH, TOOL_CALLS, ChatRequest, End, Idle, Text, ToolCall, end_of, live_fields,
+                      localspec_stats, new_id, open_chat, timings)
 from .http import KEEPALIVE, KEEPALIVE_S, Run, ServerState, read_body, require_serving, stream
 from .settings import MISSING, boolean, gen_settings
 from .tools import call_arguments, tool_request

@@ -19,8 +19,8 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from ..chat_format import Message
-from .chat import (LENGTH, Answer, ChatRequest, End, Idle, Text, ToolCall, joined_text, localspec_stats,
-                   open_chat, prompt_size, timings)
+from .request import (LENGTH, Answer, ChatRequest, End, Idle, Text, ToolCall, joined_text, localspec_stats, open_chat,
+                      prompt_size, timings)
 from .http import KEEPALIVE, KEEPALIVE_S, ServerState, named_sse, read_body
 from .apierrors import ApiError, log_note
 from .settings import LOCALSPEC_FIELDS, boolean, gen_settings, integer, string
