@@ -3,7 +3,8 @@
 - no import cycle among localspec's modules (imports inside functions count too);
 - nothing but cli.py (and the command modules themselves) imports `localspec.commands`;
 - no module over 400 lines, no function over 60;
-- llama.cpp imported only where docs/ARCHITECTURE.md says, and every module named there.
+- llama.cpp imported only where docs/ARCHITECTURE.md says, and every module named there;
+- every script under scripts/ imports only what the package has.
 """
 
 from __future__ import annotations
@@ -147,3 +148,39 @@ def test_comments_name_no_machine_and_quote_no_local_figure():
                  if t.type in (tokenize.COMMENT, tokenize.STRING)]
         found += [f"{name}: {m.group(0)}" for t in texts for m in local.finditer(t)]
     assert found == []
+
+
+def python_in_scripts() -> dict[str, str]:
+    """scripts/'s Python: .py files, files with a python shebang, and bash scripts' `<<'PY'` heredocs."""
+    import re
+
+    out = {}
+    for path in sorted((PKG.parent / "scripts").iterdir()):
+        if not path.is_file():
+            continue
+        text = path.read_text(errors="replace")
+        if path.suffix == ".py" or text.startswith("#!/usr/bin/env python"):
+            out[path.name] = text
+        for i, block in enumerate(re.findall(r"<<\s*'?PY'?\n(.*?)\nPY\n", text, re.S)):
+            out[f"{path.name} (heredoc {i + 1})"] = block
+    return out
+
+
+def test_the_scripts_import_what_the_package_has():
+    """A module moved or a name renamed must not leave a script importing what no longer exists: the scripts
+    (benchmarks, checks) run rarely, so a broken import would otherwise wait for the next person to run one."""
+    import importlib
+    import importlib.util
+
+    broken = []
+    for where, src in python_in_scripts().items():
+        for node in ast.walk(ast.parse(src)):
+            if isinstance(node, ast.ImportFrom) and not node.level and (node.module or "").split(".")[0] == "localspec":
+                try:
+                    mod = importlib.import_module(node.module)
+                except ImportError as e:
+                    broken.append(f"{where}: {node.module} ({e})")
+                    continue
+                broken += [f"{where}: {node.module}.{a.name}" for a in node.names
+                           if not hasattr(mod, a.name) and importlib.util.find_spec(f"{node.module}.{a.name}") is None]
+    assert broken == []
