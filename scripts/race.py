@@ -83,7 +83,6 @@ QUOTE_DOCS = [("textwrap.py", "Quote, word for word, the docstring of the `TextW
                "two sentences."),
               ("shlex.py", "Quote the first line of every method of the `shlex` class that has a docstring, each on "
                "its own line, then say in one sentence what the class does.")]
-TASKS = Path(__file__).resolve().parent.parent / "localspec" / "workloads"
 TASK_KINDS = ("code", "chat", "support")
 EDIT_SUFFIX = "\n\nReturn the complete updated file in one ```python block, nothing else."
 
@@ -111,11 +110,12 @@ def workloads(names: list[str], quick: bool) -> list[tuple[str, dict]]:
         elif name == "chat":
             out += [(name, chat(p, 300)) for p in pick(CHAT)]
         elif name == "tasks":
+            from localspec.bench.workloads import load_builtin
+
             for kind in TASK_KINDS:
-                rows = [json.loads(line) for line in (TASKS / f"{kind}.jsonl").read_text().splitlines()]
-                out += [(name, {"messages": [{"role": "system", "content": r["system"]},
-                                             {"role": "user", "content": r["prompt"]}],
-                                "max_tokens": 300, "temperature": 0}) for r in pick(rows)]
+                out += [(name, {"messages": [{"role": "system", "content": p.system}] * bool(p.system)
+                                + [{"role": "user", "content": p.prompt}], "max_tokens": 300, "temperature": 0})
+                        for p in pick(load_builtin(kind))]
         elif name == "quote":
             for f, task in pick(QUOTE_DOCS):
                 src = (STDLIB / f).read_text()[:6000]
