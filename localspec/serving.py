@@ -55,9 +55,9 @@ class ServingEngine(Engine):
         return SeqView(ctx, seq, runner=self.batcher) if ctx is not None else None
 
     def _make_room(self) -> bool:
-        """The shared cache is full: the least recently used idle lane's cells parked in the prompt cache (or
-        dropped), for the batch thread to try again; False when no idle lane holds cells."""
-        idle = [x for x in self.lanes if x.target.tokens and self.batcher and x.seq not in self.batcher.active]
+        """The shared cache is full (the batcher asks): the least recently used idle lane's cells parked in the
+        prompt cache (or dropped), for the batch thread to try again; False when no idle lane holds cells."""
+        idle = [x for x in self.lanes if x.target.tokens and x.seq not in self.batcher.active]
         if not idle:
             return False
         victim = min(idle, key=lambda x: x.last_used).target
