@@ -343,6 +343,14 @@ class SeqView:
     def tokens(self) -> list[int]:
         return self.ctx.seq_tokens[self.seq]
 
+    @property
+    def cuts(self):
+        return self.ctx.seq_cuts[self.seq]
+
+    @property
+    def turn_starts(self) -> frozenset[int]:
+        return self.ctx.turn_starts
+
     def eval(self, tokens: list[int], logits: str = "last", stop=None) -> np.ndarray | None:
         """stop: background work's question whether to give way, asked while the pass runs too (PassInterrupted)."""
         if not tokens:
@@ -371,8 +379,8 @@ class SeqView:
     def snapshot(self):
         return self.ctx.snapshot(self.seq)
 
-    def restore(self, state, tokens: list[int]) -> bool:
-        return self.ctx.restore(state, tokens, self.seq)
+    def restore(self, state, tokens: list[int], cuts=None) -> bool:
+        return self.ctx.restore(state, tokens, self.seq, cuts)
 
     def reset(self) -> None:
         self.ctx.clear(self.seq)

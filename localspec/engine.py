@@ -189,7 +189,7 @@ class Engine:
         decode_before = tgt.decode_s + lane.draft_decode_s()
 
         t0 = time.perf_counter()
-        first = self._start(lane, priority, seq, stats, cancel, align=self.decides_from_request_alone(cfg))
+        first = self._start(lane, priority, seq, stats, cancel, repeatable=self.decides_from_request_alone(cfg))
         if first is None:
             stats.stop_reason = "cancelled"  # during the prompt
             return
@@ -258,7 +258,7 @@ class Engine:
         return None
 
     def _start(self, lane: Lane, priority: bool, seq: list[int], stats: Stats, cancel,
-               align: bool = False) -> np.ndarray | None:
+               repeatable: bool = False) -> np.ndarray | None:
         """Join the batch (a server's lane) and bring the cache to the whole prompt, reusing a cached
         prefix: the logits row of its last token (the first token's distribution), or None (the lane left
         again) when cancelled during the prompt."""
@@ -267,7 +267,7 @@ class Engine:
         with self._shared_fill(lane, seq[:-1], cancel):
             self._enter(lane, priority, cancel)
             try:
-                first = self._fill(seq, stats, cancel, step=CANCEL_STEP, lane=lane, answer=True, align=align)
+                first = self._fill(seq, stats, cancel, step=CANCEL_STEP, lane=lane, answer=True, repeatable=repeatable)
                 if first is not None:
                     return first
             except BaseException:
@@ -324,7 +324,7 @@ class Engine:
         return stats
 
     def _fill(self, tokens: list[int], stats: Stats, should_stop=None, step: int = BACKGROUND_STEP,
-              lane: Lane | None = None, answer: bool = False, align: bool = False) -> np.ndarray | None:
+              lane: Lane | None = None, answer: bool = False, repeatable: bool = False) -> np.ndarray | None:
         """Bring the lane's cache to `tokens`, from the best cached prompt when there is a cache; with
         `answer`, the logits row of the last token, which went in the prompt's pass. It stops short (no
         row) when `should_stop` ended it first (asked between slices: a warm-up's slice in flight is
@@ -333,7 +333,7 @@ class Engine:
         t0 = time.perf_counter()
         self._restore_saved(tokens, target, stats)
         if answer:
-            stats.prompt_eval_tokens, row = fill_to_answer(target, tokens, should_stop, step, align)
+            stats.prompt_eval_tokens, row = fill_to_answer(target, tokens, should_stop, step, repeatable)
         else:
             stats.prompt_eval_tokens, row = target.sync(tokens, should_stop, step=step), None
         stats.prompt_eval_s = time.perf_counter() - t0

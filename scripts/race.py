@@ -34,6 +34,8 @@ interpreter, so every machine has them):
 and the project's own task prompts (localspec/workloads: code, chat, support; the benchmark's):
   tasks       30 more prompts with their system prompts, so a count of equal greedy texts rests on more
               than a handful of answers
+  followup    one long conversation (a 3.1k-token module, follow-up questions, a quote), each server carrying
+              its own answers: the first byte of every turn (race_followup.py)
 """
 
 from __future__ import annotations
@@ -55,6 +57,7 @@ from typing import Callable
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 import llamacpp_tools  # noqa: E402
+import race_followup  # noqa: E402
 
 STDLIB = Path(sysconfig.get_paths()["stdlib"])
 EDIT_FILES = [("bisect.py", "Rename the parameter `hi` to `upper` everywhere in this module (signatures, docstrings "
@@ -315,7 +318,7 @@ def main() -> int:
     work = Path(tempfile.mkdtemp(prefix="localspec-race-"))
     print(f"logs in {work}", file=sys.stderr)
     servers = start_servers(names, work, a.llama_server)
-    results, sent = [], []
+    results, sent, turns = [], [], []
     try:
         # one warm-up request each (loads, first cost profile), then time for localspec's idle measurements
         for s in servers:
@@ -337,6 +340,8 @@ def main() -> int:
                       f"{row[s.name]['decode_tps']:.1f} decode tok/s, others' CPU meanwhile "
                       f"{row[s.name]['bystander_cpu_s']:.2f} s", file=sys.stderr)
             results.append(row)
+        if "followup" in a.workloads.split(","):
+            turns = race_followup.converse(servers, wait_quiet, a.gap, lambda m: print(m, file=sys.stderr))
         if a.repeat:
             repeat(servers, results, sent, a.gap)
     finally:
@@ -346,12 +351,15 @@ def main() -> int:
 
         drop_data_copies(work)  # the pair assembled into each server's data root; the logs stay
         if a.json:  # whatever was measured, before anything else can fail
-            a.json.write_text(json.dumps({"results": results}, indent=1))
+            a.json.write_text(json.dumps({"results": results, "followup": turns}, indent=1))
     rows = summarize(results, names)
-    print_table(rows)
-    print_spread(results)
+    if rows:
+        print_table(rows)
+        print_spread(results)
+    if turns:
+        race_followup.print_turns(turns, names)
     if a.json:
-        a.json.write_text(json.dumps({"results": results, "rows": rows}, indent=1))
+        a.json.write_text(json.dumps({"results": results, "rows": rows, "followup": turns}, indent=1))
     return 0
 
 

@@ -681,10 +681,13 @@ def test_a_long_step_gives_way_to_an_editors_completion_and_goes_again_after_it(
 
 
 def test_a_background_fill_interrupted_mid_pass_keeps_the_slices_before_it():
+    from localspec.backend.passes import Cuts
+
     class Cache:  # its third slice is interrupted by a request
         def __init__(self):
             self.tokens: list[int] = []
             self.asked: list[bool] = []
+            self.cuts = Cuts()
 
         def truncate(self, n):
             del self.tokens[n:]

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from conftest import GPU_LAYERS, THREADS
 
-from localspec.backend import Context
+from localspec.backend import Context, common_prefix
 from localspec.config import GenConfig, LoadConfig
 from localspec.chat_format import Message
 from localspec.engine import Engine
@@ -337,9 +337,9 @@ def test_the_prompts_own_pass_gives_the_first_token(perturbed, monkeypatch):
     while len(ref) < 9:
         ref.append(int(e.target.eval([ref[-1]], logits="last")[0].argmax()))
     assert tokens == ref
-    # a prompt the cache holds whole already (the last answer was cut off at once): a sampled request
-    # evaluates its last token again; a greedy one splits the prompt as a fresh evaluation does (whole
-    # 256-token slices reused only), so its answer repeats whatever the cache held (docs/EXACT.md)
+    # a prompt the cache holds whole, put there outside a generation (no record of its passes): a sampled
+    # request evaluates its last token again; a greedy one goes in the passes of a fresh evaluation, so its
+    # answer repeats whatever the cache held (docs/EXACT.md)
     for cfg, evaluated in ((GenConfig(temperature=0.7, seed=1, spec="off", max_tokens=9), prompt[-1:]),
                            (GenConfig(temperature=0, spec="off", max_tokens=9), prompt)):
         monkeypatch.undo()
@@ -380,20 +380,33 @@ def test_incompatible_pair_is_refused(tiny):
         load(tiny.target, tiny.other_vocab)
 
 
-def test_conversation_reuses_the_cache(perturbed):
-    """A sampled conversation's next turn reuses the cached one; a greedy one reuses whole 256-token
-    slices of it only (its answer then repeats on a fresh server: docs/EXACT.md)."""
+@pytest.mark.parametrize("temperature", [0.7, 0.0])
+def test_conversation_reuses_the_cache(perturbed, monkeypatch, temperature):
+    """A conversation's next turn, sampled or greedy, evaluates only what follows the cached answer
+    (docs/EXACT.md); sent again, a greedy one reuses the passes of its first time and gives the same answer."""
     e = perturbed
+    e.target.reset()
+    cfg = greedy(max_tokens=8, temperature=temperature, seed=1)
     msgs = [Message("user", "hello world")]
     p1 = e.prompt_tokens(msgs)
-    sampled = greedy(max_tokens=8, temperature=0.7, seed=1)
-    _, reply, _ = run(e, p1, sampled)
-    p2 = e.prompt_tokens(msgs + [Message("assistant", reply), Message("user", "and the cache")])
-    run(e, p2, sampled)
-    assert e.last_stats.prompt_eval_tokens < len(p2) - len(p1) // 2
-    run(e, p1, greedy(max_tokens=8))
-    run(e, p2, greedy(max_tokens=8))
-    assert e.last_stats.prompt_eval_tokens == len(p2)  # shorter than one slice: evaluated whole
+    tokens, _, _ = run(e, p1, cfg)
+    # the next turn as the template writes it, the answer's tokens as they were (the tiny model's bytes do
+    # not always make text that tokenizes back)
+    answered = p1 + tokens
+    p2 = answered + e.target_model.tokenize("<|im_end|>\n<|im_start|>user\nand the cache<|im_end|>\n"
+                                            "<|im_start|>assistant\n", add_special=False, parse_special=True)
+    reused = common_prefix(e.target.tokens, p2)
+    assert reused >= len(answered) - 1  # the answer (its last token went in only if it was a draft)
+    log = PassLog(e.target, monkeypatch)
+    first, _, st = run(e, p2, cfg)
+    n_prompt_passes = [mode for _, mode in log.passes].index("last") + 1
+    prompt_passes = [t for t, _ in log.passes[:n_prompt_passes]]
+    assert st.prompt_eval_tokens == len(p2) - reused and sum(prompt_passes, []) == p2[reused:]
+    again, _, st = run(e, p2, cfg)
+    if temperature:  # all the cache holds, as llama-server reuses it
+        assert st.prompt_eval_tokens == 1
+    else:  # its last pass again: the same rows, the same text
+        assert again == first and st.prompt_eval_tokens == len(prompt_passes[-1])
 
 
 def test_rpc_servers_need_an_rpc_build(tiny):

@@ -129,11 +129,73 @@ def test_the_exact_request_field_is_validated():
     assert e.value.status == 400 and '"exact" must be true or false' in str(e.value.body())
 
 
-def test_a_greedy_prompt_reuses_whole_slices_only_and_never_its_last():
-    from localspec.backend.context import aligned_reuse
+def test_a_prompt_is_cut_at_message_starts_and_every_step_within_a_message():
+    from localspec.backend.passes import MESSAGE_MIN, SHORT, boundaries, pass_ends
 
-    assert aligned_reuse(0, 40, 256) == 0
-    assert aligned_reuse(39, 40, 256) == 0  # the same short prompt again: evaluated whole, as the first time
-    assert aligned_reuse(599, 600, 256) == 512 and aligned_reuse(600, 700, 256) == 512
-    assert aligned_reuse(300, 1000, 256) == 256  # a shared system prompt: its whole slices
-    assert aligned_reuse(1000, 513, 256) == 512 and aligned_reuse(1000, 512, 256) == 256
+    S = 9  # the turn-start token
+    msg = lambda n: [S] + [1] * (n - 1)  # noqa: E731
+    # a short system prompt goes with the question; a long one alone; the answer's header with the last message
+    assert boundaries(msg(30) + msg(40) + [S, 2, 3], frozenset({S}), 256) == []
+    assert boundaries(msg(300) + msg(40) + [S, 2, 3], frozenset({S}), 256) == [300]
+    assert boundaries(msg(300) + msg(600) + [S, 2, 3], frozenset({S}), 256) == [300, 556, 812]
+    assert boundaries(msg(400) + msg(40) + [S, 2, 3], frozenset({S}), 256) == [256, 400]
+    assert boundaries([1] * 520, frozenset(), 256) == [256, 512]  # no template: every 256 tokens
+    assert boundaries([1] * 519, frozenset(), 256) == [256]  # never a pass of fewer than SHORT tokens
+    toks = msg(100) + msg(MESSAGE_MIN - 1) + msg(40) + [S, 2]
+    assert boundaries(toks, frozenset({S}), 256) == [100]  # a message start too close to the last one
+    assert pass_ends([100, 356], 0, 400) == [100, 356, 400]
+    assert pass_ends([100, 356], 100 - SHORT + 1, 400) == [356, 400]  # resuming after an answer: no tiny pass
+
+
+def test_a_prompt_reuses_a_cached_prefix_only_where_a_fresh_evaluation_cuts_too():
+    from localspec.backend.passes import Cuts, reuse_point
+
+    fresh = Cuts([0, 256, 300, 556])  # a 556-token prompt evaluated fresh (bounds 256, 300)
+    assert reuse_point(fresh, 556, 556, [256, 300]) == 300  # again: its last pass again
+    assert reuse_point(fresh, 310, 700, [256, 300, 556]) == 300  # sharing a system prompt: up to its end
+    assert reuse_point(fresh, 290, 700, [256, 600]) == 256  # sharing part of one: whole passes only
+    assert reuse_point(Cuts([0, 400]), 310, 700, [256, 300]) == 0  # cached in one pass: no place to resume
+    answered = Cuts([0, 300], dirty_from=300, decoded_from=300)  # then an answer was decoded
+    assert reuse_point(answered, 350, 380, [256, 300]) == 350  # the next turn: the answer whole
+    assert reuse_point(answered, 300, 380, [256]) == 300  # its prompt whole, the answer re-tokenized otherwise
+    continued = Cuts([0, 300, 350, 380], dirty_from=300, decoded_from=300)  # that turn, filled from 350
+    assert reuse_point(continued, 380, 380, [256, 300]) == 350  # sent again: the same pass as the first time
+    assert Cuts.from_json(continued.to_json()) == continued and Cuts.from_json({"at": "x"}) == Cuts()
+    sampled = Cuts([0, 256, 300], dirty_from=280)  # a sampled request's fill from 280, where nothing cuts
+    assert reuse_point(sampled, 310, 700, [256, 300]) == 256  # a greedy one builds on none of its rows
+
+
+def test_a_greedy_prompt_goes_in_a_fresh_evaluations_passes_whatever_the_cache_held(tiny, monkeypatch):
+    """The passes pinned (docs/EXACT.md): asked again after other requests (one sharing its system prompt, a
+    sampled one), a greedy prompt reuses the whole system prompt and evaluates its question in the very pass
+    a fresh evaluation did, and answers the same; a sampled prompt sharing part of the question builds rows
+    the greedy one never reuses."""
+    from localspec.chat_format import Message
+
+    e = engine(tiny)
+    passes: list[tuple[int, int]] = []  # (position, tokens) of each prompt pass
+    real = e.target.eval
+
+    def logged(tokens, logits="last", **kw):
+        if logits != "all":
+            passes.append((len(e.target.tokens), len(tokens)))
+        return real(tokens, logits, **kw)
+
+    monkeypatch.setattr(e.target, "eval", logged)
+    system = Message("system", "you answer with the code " * 4)  # 100 tokens of the tiny model's
+    ask = lambda question: e.prompt_tokens([system, Message("user", question)])  # noqa: E731
+    prompt = ask("write the code to read a csv file")
+    cfg = GenConfig(temperature=0.0, spec="off", max_tokens=12)
+
+    def answer(p, c=cfg):
+        passes.clear()
+        out = [x.token for x in e.generate(p, c) if x.token is not None]
+        return out, list(passes)
+
+    fresh, fresh_passes = answer(prompt)
+    assert len(fresh_passes) == 2 and fresh_passes[1][0] >= 64  # the system prompt, then the question
+    answer(ask("the cache is fast and the model is slow"))
+    answer(ask("write the code to read a json file"), cfg.with_(temperature=0.7, seed=3))
+    again, again_passes = answer(prompt)
+    assert again == fresh and again_passes == fresh_passes[1:]
+    e.close()

@@ -12,6 +12,7 @@ import numpy as np
 
 from ..errors import ContextFullError, ModelLoadError, PassInterrupted
 from .model import Model
+from .passes import Cuts, boundaries, pass_ends, reuse_point
 
 
 FLASH_ATTN = {"auto": -1, "off": 0, "on": 1}  # llama_flash_attn_type
@@ -55,6 +56,7 @@ class Context:
         for i in range(n_batch):
             self.batch.n_seq_id[i] = 1
         self.seq_tokens: dict[int, list[int]] = {s: [] for s in range(n_seq)}
+        self.seq_cuts: dict[int, Cuts] = {s: Cuts() for s in range(n_seq)}  # how each one's rows were computed
         self.lock = threading.RLock()
         self.decode_s = 0.0  # wall time spent inside llama_decode (for the overhead figure)
         self.n_decode = 0
@@ -75,6 +77,14 @@ class Context:
     @property
     def tokens(self) -> list[int]:
         return self.seq_tokens[0]
+
+    @property
+    def cuts(self) -> Cuts:
+        return self.seq_cuts[0]
+
+    @property
+    def turn_starts(self) -> frozenset[int]:
+        return self.model.turn_starts
 
     def eval(self, tokens: list[int], logits: str = "last", seq: int = 0,
              stop: Callable[[], bool] | None = None) -> np.ndarray | None:
@@ -202,8 +212,11 @@ class Context:
                     self.L.llama_memory_seq_rm(self.mem, seq, -1, -1)
                     keep, self.seq_tokens[seq] = toks[:n], []
                     self.eval(keep, logits="none", seq=seq)
+                    self.seq_cuts[seq].truncate(n)  # its rows now from one pass: none reused as a fresh one's
+                    self.seq_cuts[seq].at, self.seq_cuts[seq].dirty_from = [n], 0
                     return
                 del toks[n:]
+                self.seq_cuts[seq].truncate(n)
 
     def sync(self, tokens: list[int], should_stop=None, step: int = 128, background: bool = False) -> int:
         return sync_cache(self, tokens, should_stop, step, background)
@@ -216,6 +229,7 @@ class Context:
             self.L.llama_memory_seq_rm(self.mem, dst, -1, -1)
             self.L.llama_memory_seq_cp(self.mem, src, dst, 0, n)
             self.seq_tokens[dst] = self.seq_tokens[src][:n]
+            self.seq_cuts[dst] = self.seq_cuts[src].copy(n)
             return n
 
     def snapshot(self, seq: int = 0):
@@ -228,8 +242,9 @@ class Context:
                 raise ModelLoadError("llama.cpp could not copy the KV cache")
         return buf
 
-    def restore(self, state, tokens: list[int], seq: int = 0) -> bool:
-        """Put back a snapshot taken when a sequence held `tokens`; False (sequence emptied) if it does not fit."""
+    def restore(self, state, tokens: list[int], seq: int = 0, cuts: Cuts | None = None) -> bool:
+        """Put back a snapshot taken when a sequence held `tokens` (its rows computed as `cuts` says; unknown:
+        a prompt reuses none of them until cut as its own); False (sequence emptied) if it does not fit."""
         L = self.L
         with self.lock:
             L.llama_memory_seq_rm(self.mem, seq, -1, -1)
@@ -237,17 +252,20 @@ class Context:
                 self.clear(seq)
                 return False
             self.seq_tokens[seq] = list(tokens)
+            self.seq_cuts[seq] = cuts.copy(len(tokens)) if cuts is not None else Cuts()
             return True
 
     def clear(self, seq: int = 0) -> None:
         with self.lock:
             self.L.llama_memory_seq_rm(self.mem, seq, -1, -1)
             self.seq_tokens[seq] = []
+            self.seq_cuts[seq] = Cuts()
 
     def reset(self) -> None:
         with self.lock:
             self.L.llama_memory_clear(self.mem, True)
             self.seq_tokens = {s: [] for s in range(self.n_seq)}
+            self.seq_cuts = {s: Cuts() for s in range(self.n_seq)}
 
     def close(self) -> None:
         if getattr(self, "ptr", None):
@@ -271,51 +289,66 @@ def sync_cache(cache, tokens: list[int], should_stop=None, step: int = 128, back
     with `background` its passes are asked too while they run (a request's own fill, which stops only
     when its client hangs up, is not: `should_stop` is then asked between slices)."""
     n = common_prefix(cache.tokens, tokens)
-    cache.truncate(n)
-    _append(cache, tokens[n:], "none", should_stop, step, background)
+    _begin(cache, n, clean=False)
+    _evaluate(cache, tokens, n, _slices(n, len(tokens), step, should_stop), "none", should_stop, background)
     return len(cache.tokens) - n
 
 
 def fill_to_answer(cache, tokens: list[int], should_stop=None, step: int = 128,
-                   align: bool = False) -> tuple[int, np.ndarray | None]:
+                   repeatable: bool = False) -> tuple[int, np.ndarray | None]:
     """sync_cache for a prompt about to be answered: the prompt's last token goes in the prompt's own
     (last) pass, and that pass's last logits row, the first token's distribution, comes back with the
     count of tokens evaluated; None when `should_stop` ended the fill first. Evaluated alone, as the
     first round's pass, that token would cost a whole decode step where one more row of the prompt's pass
-    costs little: llama-server's first token comes from the prompt's pass too. A prompt the cache holds
-    whole gives its last token again (no row is kept)."""
-    n = min(common_prefix(cache.tokens, tokens), len(tokens) - 1)
-    if align:  # every row computed in the same passes as a fresh evaluation's: aligned_reuse says how
-        n, should_stop = aligned_reuse(n, len(tokens), step), should_stop or (lambda: False)
-    cache.truncate(n)
-    row = _append(cache, tokens[n:], "last", should_stop, step, False)
+    costs little: llama-server's first token comes from the prompt's pass too. `repeatable` (a greedy
+    request's): the prompt goes in the passes a fresh evaluation makes (passes.py), so its answer does not
+    depend on what the cache held; otherwise as much of the cache as matches is reused, as llama-server does."""
+    shared = common_prefix(cache.tokens, tokens)
+    if repeatable:
+        bounds = boundaries(tokens, cache.turn_starts, step)
+        n = reuse_point(cache.cuts, shared, len(tokens), bounds)
+        ends, clean = pass_ends(bounds, n, len(tokens)), n == 0 or n in bounds
+    else:
+        n = min(shared, len(tokens) - 1)
+        ends, clean = _slices(n, len(tokens), step, should_stop), False
+    _begin(cache, n, clean)
+    row = _evaluate(cache, tokens, n, ends, "last", should_stop, False)
+    cache.cuts.decoded(len(cache.tokens))  # what follows is the answer's
     return len(cache.tokens) - n, row
 
 
-def aligned_reuse(cached: int, length: int, step: int) -> int:
-    """How much of `cached` matching tokens a prompt of `length` may reuse so that its rows are computed as
-    on a fresh evaluation in `step`-token slices from position 0: whole slices only, and never its last one.
-    llama.cpp's kernel for a row depends on the pass it is in (the last rows of a pass not a multiple of 4
-    and passes under 64 rows take others), so a prompt split elsewhere can part at a near-tie."""
-    return min(cached // step * step, (length - 1) // step * step)
+def _slices(start: int, length: int, step: int, should_stop) -> list[int]:
+    """Pass ends every `step` tokens when the fill may be stopped between them, else one pass."""
+    return [*range(start + step, length, step), length] if should_stop is not None else [length]
 
 
-def _append(cache, tokens: list[int], logits: str, should_stop, step: int, background: bool) -> np.ndarray | None:
-    """Evaluate `tokens` after what the cache holds, `step` at a time while `should_stop` may end it;
-    with logits "last", the last row once every token went in (None if it stopped first)."""
-    if should_stop is None:
-        out = cache.eval(tokens, logits=logits)
-        return None if out is None else out[-1]
+def _begin(cache, n: int, clean: bool) -> None:
+    """Keep the first n cached rows, from where the fill begins; rows after n come from its passes, which
+    a fresh evaluation makes too only when `clean`."""
+    cache.truncate(n)
+    cuts = cache.cuts
+    if clean or (cuts.dirty_from is not None and cuts.dirty_from < n):  # else a pass before may straddle n
+        cuts.add(n)
+    if not clean:
+        cuts.dirty(n)
+
+
+def _evaluate(cache, tokens: list[int], start: int, ends: list[int], logits: str, should_stop,
+              background: bool) -> np.ndarray | None:
+    """Evaluate tokens[start:] in passes ending at `ends`, asking `should_stop` between them; with logits
+    "last", the last row once every token went in (None if it stopped first)."""
     out = None
-    for start in range(0, len(tokens), step):
-        if should_stop():
+    for a, b in zip([start, *ends], ends):
+        if a >= b:
+            continue
+        if should_stop is not None and should_stop():
             return None
-        last = start + step >= len(tokens)
         try:
-            out = cache.eval(tokens[start:start + step], logits=logits if last else "none",
+            out = cache.eval(tokens[a:b], logits=logits if b == ends[-1] else "none",
                              stop=should_stop if background else None)
         except PassInterrupted:  # a request came while the pass ran: it was given up, rolled back
             return None
+        cache.cuts.add(b)
     return None if out is None else out[-1]
 
 

@@ -6,6 +6,7 @@ import ctypes
 import os
 import sys
 import threading
+from functools import cached_property
 from pathlib import Path
 
 import numpy as np
@@ -148,6 +149,13 @@ class Model:
             if t is not None and t >= 0:
                 out[name] = int(t)
         return out
+
+    @cached_property
+    def turn_starts(self) -> frozenset[int]:
+        """The control tokens that are no end of generation: the chat templates' message starts (<|im_start|>,
+        <start_of_turn>, <|start_header_id|>...) among them, where a prompt's passes are cut (passes.py)."""
+        L, v = self.L, self.vocab
+        return frozenset(t for t in range(self.n_vocab) if L.llama_vocab_is_control(v, t) and not self._eog[t])
 
     def is_eog(self, token: int) -> bool:
         return bool(self._eog[token])

@@ -20,6 +20,7 @@ import threading
 from dataclasses import dataclass, field
 
 from ..backend import Context, common_prefix
+from ..backend.passes import Cuts
 from .. import paths
 from .promptdisk import SAVE_MIN, DiskPrompts, pair_key
 
@@ -40,6 +41,7 @@ class Snapshot:
     tokens: list[int]
     state: object  # the ctypes byte array Context.snapshot returned
     used: int = 0
+    cuts: Cuts = field(default_factory=Cuts)  # how its rows were computed (backend/passes.py)
 
 
 @dataclass
@@ -95,7 +97,7 @@ class PromptCache:
         if on_disk is not None and disk_n >= max(live, best_n if best else 0) + max(GAIN_MIN, SAVE_MIN // 4):
             state = self.disk.load(on_disk)
             if state is not None:
-                best, best_n = Snapshot(on_disk.tokens, state), disk_n
+                best, best_n = Snapshot(on_disk.tokens, state, cuts=on_disk.cuts), disk_n
                 if len(state) <= self.budget_bytes:  # used again soon (an agent's next turn): kept in memory too
                     self.entries.append(best)
         if len(cache.tokens) - (best_n if best else live) >= KEEP_MIN:
@@ -103,7 +105,7 @@ class PromptCache:
         if best is not None:
             self.clock += 1
             best.used = self.clock
-            use.restored = cache.restore(best.state, best.tokens)
+            use.restored = cache.restore(best.state, best.tokens, cuts=best.cuts)
         elif donor is not None:
             use.shared = cache.copy_from(donor, tokens)
         use.entries = len(self.entries)
@@ -115,7 +117,7 @@ class PromptCache:
         cache = cache if cache is not None else self.ctx
         if self.disk is not None and evaluated >= SAVE_MIN and cache.tokens:
             with self.lock:
-                self.disk.save(list(cache.tokens), cache.snapshot())
+                self.disk.save(list(cache.tokens), cache.snapshot(), cache.cuts.copy())
 
     def save(self, cache=None) -> int:
         """Snapshot a live sequence (unless a snapshot already covers it); 1 if one was taken."""
@@ -128,7 +130,7 @@ class PromptCache:
             return 0
         self.entries = [e for e in self.entries if common_prefix(e.tokens, toks) < len(e.tokens)]
         self.clock += 1
-        self.entries.append(Snapshot(list(toks), state, self.clock))
+        self.entries.append(Snapshot(list(toks), state, self.clock, cache.cuts.copy(len(toks))))
         while self.size() > self.budget_bytes:
             self.entries.remove(min(self.entries, key=lambda e: e.used))
         return 1

@@ -21,10 +21,11 @@ import os
 import sys
 import threading
 import zlib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..backend import common_prefix
+from ..backend.passes import Cuts
 from ..paths import write_atomic
 
 FORMAT = 1
@@ -37,6 +38,7 @@ class DiskEntry:
     tokens: list[int]
     size: int
     crc: int
+    cuts: Cuts = field(default_factory=Cuts)  # how its rows were computed (a prompt reuses them by these)
 
 
 def pair_key(target_path: str, flash_attn: str = "auto", exact: bool = False) -> str:
@@ -83,7 +85,8 @@ class DiskPrompts:
             kv = meta.with_suffix(".kv")
             if m.get("format") != FORMAT or m.get("key") != self.key or kv.stat().st_size != m["bytes"]:
                 raise ValueError("another format, pair or size")
-            return DiskEntry(kv, [int(t) for t in m["tokens"]], int(m["bytes"]), int(m["crc32"]))
+            return DiskEntry(kv, [int(t) for t in m["tokens"]], int(m["bytes"]), int(m["crc32"]),
+                             Cuts.from_json(m.get("cuts")))
         except (OSError, ValueError, KeyError, TypeError) as e:
             why = e.strerror if isinstance(e, OSError) and e.strerror else str(e) or type(e).__name__
             self.warn(f"dropping the saved prompt {meta} ({why}); its prompt is evaluated again")
@@ -120,25 +123,26 @@ class DiskPrompts:
     def covered(self, tokens: list[int]) -> bool:
         return any(common_prefix(e.tokens, tokens) == len(tokens) for e in self._index())
 
-    def save(self, tokens: list[int], state) -> None:
+    def save(self, tokens: list[int], state, cuts: Cuts | None = None) -> None:
         """Write the state in a background thread (the next request need not wait for the disk)."""
         with self.lock:
             if not tokens or self.covered(tokens) or len(state) > self.budget:
                 return
         data = bytes(state)  # a copy: the context's buffer may change before the thread runs
         self.wait()
-        self.writer = threading.Thread(target=self._write, args=(list(tokens), data), name="localspec-save-prompt",
-                                       daemon=True)
+        self.writer = threading.Thread(target=self._write, args=(list(tokens), data, cuts or Cuts()),
+                                       name="localspec-save-prompt", daemon=True)
         self.writer.start()
 
     def wait(self) -> None:
         if self.writer is not None:
             self.writer.join()
 
-    def _write(self, tokens: list[int], data: bytes) -> None:
+    def _write(self, tokens: list[int], data: bytes, cuts: Cuts) -> None:
         name = hashlib.sha256(json.dumps(tokens).encode()).hexdigest()[:24]
         kv = self.dir / f"{name}.kv"
-        meta = {"format": FORMAT, "key": self.key, "bytes": len(data), "crc32": zlib.crc32(data), "tokens": tokens}
+        meta = {"format": FORMAT, "key": self.key, "bytes": len(data), "crc32": zlib.crc32(data), "tokens": tokens,
+                "cuts": cuts.to_json()}
         try:
             write_atomic(kv, data)
             write_atomic(kv.with_suffix(".json"), json.dumps(meta))
@@ -149,7 +153,7 @@ class DiskPrompts:
             entries = self._index()
             for e in [e for e in entries if e.path != kv and common_prefix(e.tokens, tokens) == len(e.tokens)]:
                 self._drop(e.path)  # the new entry covers the ones its tokens start with
-            entries[:] = [e for e in entries if e.path != kv] + [DiskEntry(kv, tokens, len(data), meta["crc32"])]
+            entries[:] = [e for e in entries if e.path != kv] + [DiskEntry(kv, tokens, len(data), meta["crc32"], cuts)]
             self._trim(entries)
 
     def _trim(self, entries: list[DiskEntry]) -> None:
