@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import importlib
 import os
+import shutil
 import socket
 import textwrap
 from pathlib import Path
@@ -229,6 +230,21 @@ def test_bundle_is_assembled_once_and_reused(tiny, fake_site):
         f.write(b"XXXX")
     assert models.locate(spec.target).state == "bundle-chunks"
     assert models.resolve_pair("tiny", notify=None).target_path.read_bytes() == data
+
+
+def test_a_pairs_target_in_the_models_folder_is_listed_once(tiny, fake_site):
+    """Before its bundle is assembled, a copy of the pair's target under its file name is that pair, not a model
+    of its own (a server listed it twice)."""
+    from localspec.models.catalog import find_models
+
+    data = tiny.target.read_bytes()
+    requirements = make_fake_distributions(fake_site, "tiny-chunks", data, n_parts=2)
+    write_user_pairs(bundle_pair_yaml("tiny", requirements, sha256_file(tiny.target), len(data)))
+    paths.models_dir().mkdir(parents=True, exist_ok=True)
+    shutil.copy(tiny.target, paths.models_dir() / "tiny.gguf")
+    assert models.locate(models.get_pair("tiny").target).state == "bundle-chunks"
+    listed = [e for e in find_models() if "tiny.gguf" in e.aliases or e.name == "tiny"]
+    assert [(e.name, e.pair) for e in listed] == [("tiny", "tiny")] and listed[0].find("tiny.gguf")
 
 
 def test_sha256_mismatch_leaves_nothing_to_load(tiny, fake_site):

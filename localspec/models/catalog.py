@@ -59,7 +59,9 @@ def find_models(models_dir: Path | None = None) -> list[CatalogEntry]:
         entry = CatalogEntry(name, pair=name, size=sum(p.stat().st_size for p in files), n_ctx=spec.n_ctx)
         if len(files) == len(sides):
             entry.target, entry.draft = files[0], (files[1] if len(files) > 1 else None)
-        entry.aliases = {name, *(p.name for p in files[:1]), *(p.stem for p in files[:1])}
+        # the target's file name even before a bundle is assembled: a copy of it in the models folder is this pair
+        target_name = sides[0].path.name if sides[0].path else spec.target.file_name
+        entry.aliases = {name, target_name, Path(target_name).stem}
         entries.append(entry)
     entries.sort(key=lambda e: (e.name != DEFAULT_PAIR, e.name))
     lone = sorted(p for p in _gguf_files(models_dir or paths.models_dir()) if p.resolve() not in claimed)
