@@ -1,7 +1,7 @@
 """Render a conversation with the chat template stored in the GGUF (a Jinja template, as HF does).
 
-A model without a template is reported, never silently given another one: pass --raw to send the
-text as-is, or a template through the pair's `chat_template` setting.
+A model without a template gets ChatML, as llama-server gives it, and the load says so in one note;
+`--chat-template` and a pair's `chat_template` setting override either; `--raw` sends the text as-is.
 """
 
 from __future__ import annotations
@@ -31,6 +31,22 @@ def canonical_role(role: str) -> str | None:
     """The role a template renders for a client's role name, or None for a role no template knows."""
     role = ROLE_ALIASES.get(role, role)
     return role if role in ROLES else None
+
+
+CHATML = ("{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>'"
+          " + '\n' }}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}")
+BUILTIN_TEMPLATES = {"chatml": CHATML}  # names --chat-template takes, as llama-server's does
+
+
+def template_arg(value: str) -> str:
+    """A `--chat-template` value: a built-in name or a Jinja template, checked to compile."""
+    template = BUILTIN_TEMPLATES.get(value.strip().lower(), value)
+    try:
+        _compiled(template)
+    except Exception as e:  # jinja2's TemplateSyntaxError, or anything else it cannot read
+        raise ConfigError(f"--chat-template does not compile ({e}); give a Jinja chat template or one of: "
+                          f"{', '.join(BUILTIN_TEMPLATES)}") from None
+    return template
 
 
 def _raise(msg):

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from . import __version__, paths
+from .errors import LocalspecError
 from .machine import AMX_NOTE, memory_bytes
 
 REINSTALL_TAIL = "pip install --force-reinstall --no-cache-dir llama-cpp-python"
@@ -199,6 +200,25 @@ def profile_shape_checks() -> list[dict[str, str]]:
     return out
 
 
+def measurements() -> dict[str, Any]:
+    """What this data root has measured (pass-cost profiles, attention-kernel choices), and where a running
+    `localspec serve` stands with its own (costs/idle.py): pending, measuring, waiting and why, or done."""
+    from .client.connect import configured_endpoint, probe
+
+    folder = paths.profiles_dir()
+    stored = sorted(folder.glob("*.json")) if folder.exists() else []
+    kernels = sum(p.name.startswith("attention-") for p in stored)
+    out: dict[str, Any] = {"profiles": len(stored) - kernels, "kernels": kernels, "server": None}
+    try:
+        ep = configured_endpoint()
+    except LocalspecError:  # a LOCALSPEC_SERVER that is no address: no server to ask
+        return out
+    props = probe(ep)
+    if props and isinstance((props.get("localspec") or {}).get("measurement"), dict):
+        out["server"] = {"address": f"{ep.host}:{ep.port}", **props["localspec"]["measurement"]}
+    return out
+
+
 def collect() -> dict[str, Any]:
     home = paths.home()
     probe = home if home.exists() else next((p for p in home.parents if p.exists()), Path("/"))
@@ -213,6 +233,7 @@ def collect() -> dict[str, Any]:
         "gpu_hardware": visible_gpu_hardware(),
         "default_pair": default_pair_state(),
         "profiles": profile_shape_checks(),
+        "measurements": measurements(),
         "reinstall": dict(REINSTALL_COMMANDS),
     }
     report["advice"] = advice(report)
@@ -258,6 +279,14 @@ def format_report(r: dict[str, Any]) -> str:
         where = f["path"] or {"bundle-chunks": "bundle installed, assembled on first use",
                               "missing": "missing"}.get(f["state"], f["state"])
         lines.append(f"  {f['role']:<6} {f['state']:<13} {where}")
+    m = r["measurements"]
+    lines.append(f"measured on this machine: {m['profiles']} pass-cost profile(s), {m['kernels']} attention-kernel "
+                 "choice(s) (measured while idle, never before an answer)")
+    if m["server"]:
+        s = m["server"]
+        why = f" ({s['why']}; again in {s['retry_in_s']:.0f} s)" if s["state"] == "waiting" else \
+            f" ({s['why']})" if s["why"] else ""
+        lines.append(f"the server at {s['address']}: measurement {s['state']}{why}, {s['measured_s']:.0f} s spent")
     lines.append("reinstall llama-cpp-python with a GPU backend:")
     lines += [f"  {name:<6} {cmd}" for name, cmd in r["reinstall"].items()]
     lines += [f"note: {a}" for a in r["advice"]]

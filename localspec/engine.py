@@ -16,7 +16,7 @@ import numpy as np
 
 from .costs.attention import cpu_kernel
 from .backend import Context, GrammarSampler, Model, exact, fill_to_answer, system_info
-from .chat_format import Message, chat_text, prompt_tokens
+from .chat_format import CHATML, Message, chat_text, prompt_tokens
 from .pairing import require_compatible
 from .config import GenConfig, LoadConfig
 from .decoding.constraints import GrammarConstraint, starts_with_grammar
@@ -58,9 +58,11 @@ class Engine:
                               n_seq=max(1, load.n_parallel), flash_attn=self.flash_attn,
                               kv_type=exact.KV_TYPE if load.exact else "f16")
         self.target.pad_verify = self.pads_verify(load)
+        self.reference = reference_profile("gpu" if self.on_gpu(load) else "cpu")  # costmodel.REFERENCE_VERIFY
         self.governor = None
         if load.adapt_threads and load.n_threads > 1:
-            self.governor = ThreadGovernor(load.n_threads, self._expected_pass_s, self._set_threads)
+            self.governor = ThreadGovernor(load.n_threads, self._expected_pass_s, self._set_threads,
+                                           relative=self._reference_relative)
             self.target.observer = self.governor.after_pass
         if self.draft_path and not lazy_draft:
             self.load_draft()
@@ -99,6 +101,10 @@ class Engine:
     def decides_from_request_alone(self, cfg: GenConfig) -> bool:
         """Greedy text repeats only with the same passes (drafts, prompt slices): docs/EXACT.md; not under --exact."""
         return cfg.temperature <= 0 and cfg.repeatable and not self.load.exact
+
+    def _reference_relative(self, n_tokens: int) -> float | None:
+        """T(n)/T(1) on the reference curve: the governor's prices before this machine measured its own."""
+        return self.reference.verify(n_tokens) if n_tokens <= len(self.reference.t_verify) else None
 
     def _expected_pass_s(self, n_tokens: int) -> float | None:
         """What a target pass over n tokens should cost on a quiet machine (the measured profile)."""
@@ -149,8 +155,16 @@ class Engine:
         return fn()
 
     # --- prompts ----------------------------------------------------------------------------
-    def chat_template(self) -> str | None:
-        return self.load.chat_template or self.target_model.chat_template()
+    def chat_template(self) -> str:
+        """The template asked for, else the GGUF's, else ChatML (llama-server's fallback: `template_note`)."""
+        return self.load.chat_template or self.target_model.chat_template() or CHATML
+
+    def template_note(self) -> str | None:
+        """What a load without any chat template tells its user, once."""
+        if self.load.chat_template or self.target_model.chat_template():
+            return None
+        return (f"{self.target_model.path.name} has no chat template in its GGUF: ChatML is used, as llama-server "
+                "does (--chat-template gives another, --raw sends plain text)")
 
     def prompt_tokens(self, messages: list[Message] | str, raw: bool = False, tools: list | None = None) -> list[int]:
         return prompt_tokens(self.target_model, self.chat_template(), messages, raw, tools)
@@ -247,11 +261,11 @@ class Engine:
         drafter = None if plain else self.make_drafter(cfg, rng, lane)
         if drafter is None:
             return None, FixedK(0)
-        if self.decides_from_request_alone(cfg):  # priced alike whatever this machine measured and runs now
-            return drafter, make_policy(cfg, reference_profile("gpu" if self.on_gpu(self.load) else "cpu"), drafter,
-                                        min_match=REPEATABLE_MIN_MATCH)
-        profile = self.profile.at_depth(depth) if self.profile is not None else None
-        return drafter, make_policy(cfg, profile, drafter, self._others_in_step(lane))
+        if self.decides_from_request_alone(cfg) or self.profile is None:
+            # priced alike whatever this machine measured and runs now; or, before it measured anything, drafting
+            # only where it pays on any machine of its kind (a long copy, a predicted output)
+            return drafter, make_policy(cfg, self.reference, drafter, min_match=REPEATABLE_MIN_MATCH)
+        return drafter, make_policy(cfg, self.profile.at_depth(depth), drafter, self._others_in_step(lane))
 
     def _others_in_step(self, lane: Lane):
         """How many other lanes' passes share each step (a server's, serving.py); None: this lane's alone."""

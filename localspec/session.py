@@ -5,7 +5,7 @@ as plain dataclasses (`ModelChoice`, `GenChoice`) from whichever front end took 
 flags, the chat app, the server's defaults. This module turns them into resolved files
 (`Selection`), a `LoadConfig`, a `GenConfig`, a loaded `Engine`, and attaches the stored pass-cost
 profile `--spec auto` needs; what is not measured yet, it measures when a front end says nobody waits
-(`Session.measure_costs`, `measure_kernel`). `SessionFace` and `EngineFace` say what a front end may use
+(`Session.measure_when_idle`, costs/idle.py). `SessionFace` and `EngineFace` say what a front end may use
 of a session and its engine, loaded here or in a running server (client/remote.py). It reports through
 a callback and prints nothing itself.
 """
@@ -46,6 +46,7 @@ class ModelChoice:
     cache_disk_mib: int = 0
     remember_generations: bool = False  # a server's: n-gram drafts may copy earlier answers
     memory_room: int | None = None  # bytes a fitted context's KV may take a share of (None: what is free now)
+    chat_template: str | None = None  # --chat-template (a Jinja template): over the pair's and the GGUF's
 
 
 @dataclass
@@ -94,6 +95,8 @@ def load_config(choice: ModelChoice, sel: Selection) -> LoadConfig:
         s = sel.spec
         load.n_ctx, load.chat_template, load.rpc_servers = s.n_ctx, s.chat_template, s.rpc_servers
         load.n_gpu_layers_target, load.n_gpu_layers_draft = s.n_gpu_layers_target, s.n_gpu_layers_draft
+    if choice.chat_template:
+        load.chat_template = choice.chat_template
     if choice.ctx_size:
         load.n_ctx = choice.ctx_size
     elif choice.ctx_fit:
@@ -293,9 +296,9 @@ class SessionFace(Protocol):
 
     def costs_pending(self) -> bool: ...
 
-    def measure_costs(self, busy: Callable[[], bool]) -> None: ...
+    def measure_when_idle(self, busy: Callable[[], bool], request: Callable[[], bool]) -> None: ...
 
-    def measure_kernel(self, busy: Callable[[], bool], stop: Callable[[], bool]) -> None: ...
+    def measurement_word(self) -> str | None: ...
 
     def elapsed(self, stats, t_call: float, now: float) -> float: ...
 
@@ -326,30 +329,29 @@ class Session:
             prefetch(sel.target)  # two streams would only compete: slower cold: docs/BENCHMARKS.md)
         engine = open_engine(sel, load, notify, engine_class)
         follow_recent_load(engine)
-        return cls(sel, cfg, load, engine, gen.system, load_notes(models))
+        return cls(sel, cfg, load, engine, gen.system, load_notes(models) + [n for n in [engine.template_note()] if n])
 
     def ensure_profile(self, notify: Notify | None = None, spec: str | None = None, measure: bool = True):
         return ensure_profile(self.engine, spec or self.gen.spec, notify, measure=measure)
 
     def costs_pending(self) -> bool:
-        """auto has no pass costs yet on this machine (its answers decode plainly until `measure_costs`)."""
+        """auto has no pass costs yet on this machine (its answers draft by the reference curve until measured)."""
         return self.engine.profile is None
 
-    def measure_costs(self, busy: Callable[[], bool]) -> None:
-        """auto's pass costs, now that nobody waits: a stored profile (another process may have measured it
-        meanwhile), else measured and kept only if `busy()` says no other program used the cores."""
-        from .costs.tuning import tune_while_quiet
+    def measure_when_idle(self, busy: Callable[[], bool], request: Callable[[], bool]) -> None:
+        """What this machine has not measured yet, now that nobody waits (costs/idle.py): a stored profile first
+        (another process may have measured it meanwhile); given up when `request()` or `busy()` says."""
+        from .costs import idle
 
-        if ensure_profile(self.engine, "auto", measure=False) is None and not busy():
-            tune_while_quiet(self.engine, busy)
-
-    def measure_kernel(self, busy: Callable[[], bool], stop: Callable[[], bool]) -> None:
-        """This CPU's attention kernel, if still unmeasured (costs/attention.py), given up when `stop()` says; used
-        from the next load."""
-        from .costs import attention
-
+        ensure_profile(self.engine, "auto", measure=False)
         if not busy():
-            attention.measure_for(self.engine, stop, busy)
+            idle.measure_all_when_idle(self.engine, busy, request)
+
+    def measurement_word(self) -> str | None:
+        """Where this machine's first measurements stand, in a word for a status line (None: all done)."""
+        from .costs import idle
+
+        return idle.word(self.engine)
 
     def elapsed(self, stats, t_call: float, now: float) -> float:
         """The generation's seconds so far as live figures count them: the prompt's evaluation left out."""
@@ -364,7 +366,7 @@ class Session:
         if cfg.spec == "on":
             return True
         if engine.profile is None or not engine.profile.t_draft:
-            return False  # auto without measured costs decodes plainly until it has them
+            return False  # auto without measured costs drafts copies alone (the reference curve prices no model)
         from .costs.costmodel import best_k
 
         return best_k(0.95, cfg.draft_max, engine.profile, "model")[1] >= 1.1

@@ -304,9 +304,9 @@ def test_missing_model_is_reported_in_the_ui(tiny, tmp_path):
     run(go())
 
 
-def test_model_without_chat_template_gives_the_prompt_back(tiny):
+def test_a_template_that_refuses_the_conversation_gives_the_prompt_back(tiny):
     async def go():
-        app = chat_app(tiny, target=str(tiny.no_template), draft=None)
+        app = chat_app(tiny, "--chat-template", "{{ raise_exception('no conversation today') }}", draft=None)
         async with app.run_test(size=SIZE) as pilot:
             await ready(pilot, app)
             box = app.query_one(PromptInput)

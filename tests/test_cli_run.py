@@ -9,7 +9,7 @@ import subprocess
 import sys
 
 import pytest
-from conftest import tiny_pair_args
+from conftest import THREADS, tiny_pair_args
 
 from localspec.cli import main
 
@@ -156,8 +156,22 @@ def test_prompt_longer_than_context(tiny, cli):
     _one_line_error(*cli("run", *pair(tiny), "--raw", "the cache " * 400), "context holds")
 
 
-def test_no_chat_template_is_reported(tiny, cli):
-    _one_line_error(*cli("run", "--target", str(tiny.no_template), "hi"), "no chat template", "--raw")
+def test_a_model_without_chat_template_is_answered_with_chatml(tiny, cli, capsys):
+    """As llama-server does, with one note saying so; --chat-template gives another (a bad one: one line)."""
+    args = ["run", "--target", str(tiny.no_template), "--threads", str(THREADS), "-c", "512", "-n", "4",
+            "--temperature", "0"]
+    rc, out, err = cli(*args, "hi")
+    assert rc == 0 and out.strip()
+    assert err == (f"note: {tiny.no_template.name} has no chat template in its GGUF: ChatML is used, as llama-server "
+                   "does (--chat-template gives another, --raw sends plain text)\n")
+    same, _, err = cli(*args, "--chat-template", "chatml", "hi")
+    assert same == 0 and err == ""
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as e:
+        main([*args, "--chat-template", "{% if %}", "hi"])
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and err.count("\n") == 1 and err.startswith("error: argument --chat-template: ")
+    assert "does not compile" in err and "chatml" in err
 
 
 def test_bad_flag_value(capsys):

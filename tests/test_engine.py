@@ -459,3 +459,20 @@ def test_quiet_as_a_library_unless_debugging(tiny):
     loud = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
                           env={**__import__("os").environ, "LOCALSPEC_DEBUG": "1"})
     assert loud.returncode == 0 and "llama_model_loader" in loud.stderr
+
+
+def test_without_a_profile_auto_drafts_only_where_it_pays_on_any_machine(tiny):
+    """A fresh install has measured nothing: the reference curve prices drafts (engine.py), so a predicted
+    output or a long copy is drafted from the first answer on; chance matches and the draft model are not."""
+    e = load(tiny.target, tiny.same)
+    try:
+        assert e.profile is None
+        prompt = e.prompt_tokens(PROMPTS[1])
+        tokens, _, _ = run(e, prompt, GenConfig(temperature=0, spec="off", max_tokens=40))
+        said = b"".join(e.target_model.piece(t) for t in tokens).decode("utf-8", "replace")
+        cfg = GenConfig(temperature=0.7, top_k=1, seed=1, spec="auto", max_tokens=40, prediction=said)
+        _, _, st = run(e, prompt, cfg)
+        assert st.spec_mode == "auto" and st.drafted_by_drafter.get("ngram", 0) > 0 and st.accepted > 0
+        assert not st.drafted_by_drafter.get("model") and "T_verify/T_decode = 1.00, 1.80" in st.policy
+    finally:
+        e.close()

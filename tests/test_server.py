@@ -201,6 +201,9 @@ def test_information_endpoints(server):
     code, text = server.get("/metrics")
     assert code == 200 and "llamacpp:tokens_predicted_total" in text
     assert "llamacpp:spec_decode_num_draft_tokens_total" in text and "localspec:draft_tokens_accepted_total" in text
+    states = [ln for ln in text.splitlines() if ln.startswith("localspec:measurement{")]
+    assert len(states) == 4 and sum(ln.endswith(" 1") for ln in states) == 1  # where the idle measuring stands
+    assert props["localspec"]["measurement"]["state"] in ("pending", "measuring", "waiting", "done")
 
 
 def test_bad_input_gets_an_error_json_and_the_server_stays_up(server):

@@ -89,6 +89,55 @@ def test_passes_without_an_expected_cost_are_ignored():
     assert g.threads == 2 and g.score == {}
 
 
+def unmeasured(m: Machine, threads: int = 2) -> ThreadGovernor:
+    """A governor on a machine that has measured nothing: the reference curve and the fastest decode seen."""
+    return ThreadGovernor(threads, lambda n: None, m.applied.append, clock=m.clock, others_busy=lambda: m.others,
+                          relative=lambda n: float(n), cores=2)
+
+
+def test_without_a_profile_a_machine_busy_from_the_start_drops_a_thread_within_a_second():
+    m = Machine({2: 3.0, 1: 1.6}, others=1.6)  # two busy processes: every pass was slow from the first
+    g = unmeasured(m)
+    m.run(g, 2 * ThreadGovernor.MIN_PASSES)
+    assert g.threads == 1 and g.changes[0][0] < 1.0 and g.changes[0][3] == "other programs hold the cores"
+    assert len(g.changes) == 1  # the trial paid: kept
+    m.slowdown, m.others = {2: 1.0, 1: 1.5}, 0.0  # the load left: back up
+    m.run(g, 400)
+    assert g.threads == 2
+
+
+def test_a_run_that_starts_beside_busy_programs_starts_with_fewer_threads():
+    m = Machine({2: 3.0, 1: 1.6}, others=1.6)
+    g = unmeasured(m)
+    g.begin_run()
+    assert g.threads == 1 and m.applied == [1]  # before its first pass
+    m.run(g, ThreadGovernor.MIN_PASSES)
+    assert g.threads == 1 and len(g.changes) == 1
+    quiet = unmeasured(Machine({2: 1.0, 1: 1.5}, others=0.1))
+    quiet.begin_run()
+    assert quiet.threads == 2 and quiet.changes == []
+
+
+def test_without_a_profile_load_that_appears_is_seen_in_the_passes_too():
+    m = Machine({2: 1.0, 1: 1.5}, others=0.0)
+    g = unmeasured(m)
+    m.run(g, 100)
+    assert g.threads == 2 and g.changes == []  # quiet: nothing to judge against but its own fastest pass
+    m.slowdown, m.others = {2: 3.0, 1: 1.6}, 0.9
+    start = m.t
+    m.run(g, 2 * ThreadGovernor.MIN_PASSES)
+    assert g.threads == 1 and g.changes[0][0] - start < 1.0
+
+
+def test_a_trial_downwards_that_did_not_pay_holds_off_the_next():
+    m = Machine({2: 1.0, 1: 1.5}, others=1.6)  # busy, but two threads are still faster here
+    g = unmeasured(m)
+    m.run(g, 200)
+    assert g.threads == 2 and [c[1:3] for c in g.changes[:2]] == [(2, 1), (1, 2)]
+    trials = [c[0] for c in g.changes if c[2] == 1]
+    assert all(b - a >= ThreadGovernor.PROBE_S for a, b in zip(trials, trials[1:]))
+
+
 def test_a_process_starts_at_the_count_a_recent_one_found_fastest(localspec_home, monkeypatch):
     import time
 

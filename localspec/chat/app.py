@@ -177,7 +177,9 @@ class ChatApp(LoadingEvents, ReplyEvents, App):
             bar = self.query_one("#status", StatusBar)
         except Exception:
             return
-        bar.update(format_status(str(self.state), spec, k, temp, self.last_live, self.provenance, has_profile))
+        measuring = self.session.measurement_word() if self.session is not None else None
+        bar.update(format_status(str(self.state), spec, k, temp, self.last_live, self.provenance, has_profile,
+                                 measuring))
 
     # --- sending --------------------------------------------------------------------------------
     async def on_prompt_input_submitted(self, msg: PromptInput.Submitted) -> None:

@@ -48,10 +48,13 @@ class Live:
 
 
 def format_status(state: str, spec: str, k: int, temperature: float, live: Live | None,
-                  provenance: bool = False, has_profile: bool = False) -> Content:
-    """One line (wrapping on narrow terminals): state │ settings │ live figures │ legend."""
+                  provenance: bool = False, has_profile: bool = False, measuring: str | None = None) -> Content:
+    """One line (wrapping on narrow terminals): state │ settings │ live figures │ legend. measuring: where
+    this machine's first measurements stand, in a word, while they are not done (costs/idle.py)."""
     sep = (" │ ", "dim")
     parts: list = [(state, "bold"), sep, (f"spec {spec} k={k} temp={temperature:g}", "")]
+    if measuring and not state.startswith("measuring"):
+        parts += [sep, (measuring, "dim")]
     if live is not None and live.tokens:
         parts += [sep, (f"{live.tok_s:.1f} tok/s", "bold")]
         if live.drafted:

@@ -15,6 +15,7 @@ from typing import Callable
 from ..errors import ContextFullError, LocalspecError
 from ..client.remote import attach
 from ..session import GenChoice, ModelChoice, Session, SessionFace
+from ..costs import idle
 from ..costs.threads import quiet_watch
 from .messages import (
     Loaded,
@@ -99,8 +100,8 @@ def generate_reply(session: SessionFace, turn: Turn, messages, cfg, cancel: Call
     busy = quiet_watch()  # other programs' use of the cores during this reply: none, or nothing is measured
     _stream_reply(session, turn, messages, cfg, cancel, post, save, busy)
     mine = STARTED[0]
-    try:  # this CPU's attention kernel, given up when the next reply starts or another program takes the cores
-        session.measure_kernel(busy, stop=lambda: STARTED[0] != mine or busy())
+    try:  # what is left (the attention kernel), given up when the next reply starts or another program works
+        session.measure_when_idle(busy, request=lambda: STARTED[0] != mine)
     except Exception:  # a measurement must never break the chat: the next idle moment tries again
         pass
 
@@ -114,11 +115,9 @@ def _stream_reply(session: SessionFace, turn: Turn, messages, cfg, cancel: Calla
     text_parts: list[str] = []
     error = stats = live = None
     ntok = 0
-    # --spec auto with no measured pass costs yet (the first reply on this machine): answer plainly
-    # now and measure right after, so nobody waits for the measurement before the first token
+    # --spec auto with no measured pass costs yet (the first reply on this machine): priced by the reference
+    # curve now (engine.py) and measured right after, so nobody waits for the measurement before the first token
     measure_after = cfg.spec == "auto" and session.costs_pending()
-    if measure_after:
-        cfg = cfg.with_(spec="off")
     try:
         prompt = engine.prompt_tokens(messages)
         t_call = last_post = last_save = time.perf_counter()
@@ -172,7 +171,7 @@ STARTED = [0]  # replies started in this process
 def _measure(session: SessionFace, post: Post, busy) -> None:
     post(ReplyNote())
     try:
-        session.measure_costs(busy)
+        idle.measure_when_idle(session.engine, busy, request=lambda: False)  # pass costs (seconds) before the next turn
         load_draft_in_background(session)
     except Exception:  # the next reply tries again (and decodes plainly meanwhile)
         pass

@@ -125,11 +125,11 @@ class RemoteSession:
     def costs_pending(self) -> bool:
         return False
 
-    def measure_costs(self, busy) -> None:
-        pass
+    def measure_when_idle(self, busy, request) -> None:
+        pass  # the server measures its own
 
-    def measure_kernel(self, busy, stop) -> None:
-        pass
+    def measurement_word(self) -> str | None:
+        return None  # the server's: GET /metrics or `localspec doctor`
 
     def elapsed(self, stats, t_call: float, now: float) -> float:
         return stats.generation_s  # the server's own figures: not the wait in its queue, nor HTTP

@@ -35,6 +35,9 @@ def add_model_args(p: argparse.ArgumentParser, positional_pair: bool = False) ->
                    help="llama.cpp's flash attention, like its -fa (default auto: llama.cpp's choice on a GPU; on "
                         "a CPU the kernel whose answers' tokens cost less, flash attention on a tie, "
                         "measured once; off costs a bigger compute buffer: see docs/SERVE.md)")
+    g.add_argument("--chat-template", type=chat_template_arg, default=None, metavar="JINJA",
+                   help="a Jinja chat template, or chatml, over the pair's and the GGUF's own (a GGUF without "
+                        "one gets ChatML, as with llama-server)")
     g.add_argument("--exact", action="store_true", default=False,
                    help="greedy speculation byte-identical to plain decoding on every request: llama.cpp's "
                         "batch-invariant CPU kernels, at some speed (K-quant models; see docs/EXACT.md)")
@@ -71,6 +74,15 @@ def _whole(s: str, minimum: int) -> int:
     if v < minimum:
         raise argparse.ArgumentTypeError(f"{s} must be {minimum} or more")
     return v
+
+
+def chat_template_arg(s: str) -> str:
+    from ..chat_format import template_arg
+
+    try:
+        return template_arg(s)
+    except ConfigError as e:
+        raise argparse.ArgumentTypeError(str(e).removeprefix("--chat-template ")) from None
 
 
 def nonneg_int(s: str) -> int:
@@ -131,7 +143,8 @@ def model_choice(args) -> ModelChoice:
                        draft=args.draft, pull=getattr(args, "pull", False), ctx_size=args.ctx_size,
                        threads=args.threads, n_gpu_layers=args.n_gpu_layers, mmap=getattr(args, "mmap", None),
                        n_gpu_layers_draft=getattr(args, "n_gpu_layers_draft", None),
-                       flash_attn=getattr(args, "flash_attn", None), exact=getattr(args, "exact", False))
+                       flash_attn=getattr(args, "flash_attn", None), exact=getattr(args, "exact", False),
+                       chat_template=getattr(args, "chat_template", None))
 
 
 def gen_choice(args) -> GenChoice:

@@ -8,7 +8,7 @@ import sys
 from ..errors import ConfigError, LocalspecError
 from ..session import Session, gen_config, load_config, open_engine, select_models
 from ..costs.threads import quiet_watch
-from ..costs.tuning import tune_while_quiet
+from ..costs import idle
 from .common import add_gen_args, add_model_args, gen_choice, model_choice, pos_int, stderr_note
 
 
@@ -93,14 +93,14 @@ def cmd_run(args) -> int:
     prompt = engine.prompt_tokens(prompt_text if args.raw else [Message(r, c) for r, c in messages], raw=args.raw)
     engine.check_prompt(prompt)
     session.ensure_profile(None if args.json else stderr_note, measure=False)
-    measure_after = cfg.spec == "auto" and engine.profile is None  # the first run here: plain now, no waiting
-    busy = quiet_watch()
+    measure_after = cfg.spec == "auto" and engine.profile is None  # the first run here: priced by the reference
+    busy = quiet_watch()  # curve now (engine.py), measured after the answer, no waiting
     out = _Output(args)
-    for chunk in engine.generate(prompt, cfg.with_(spec="off") if measure_after else cfg):
+    for chunk in engine.generate(prompt, cfg):
         out.write(chunk.text)
     code = out.finish(engine.last_stats, sel.name)
     if measure_after and not busy():  # auto's pass costs, once, after the answer (~2 s) while the machine is quiet
-        tune_while_quiet(engine, busy)
+        idle.measure_when_idle(engine, busy, request=lambda: False)
     return code
 
 

@@ -24,6 +24,7 @@ from statistics import median
 
 from .. import paths
 from ..backend import Context, Model
+from ..errors import PassInterrupted
 from .costmodel import timed_pass
 
 DEPTH = 64  # tokens in the cache while decodes are timed (a short chat; flash attention gains most there)
@@ -38,6 +39,7 @@ DEEP_DECODES = 10  # timed decodes per kernel at DEEP, alternating
 RULE = 2  # the rule's version, in the stored file's key: a new rule measures again
 MIN_PARAMS = 100_000_000  # smaller models (the tests' tiny ones): the plain kernel, nothing measured
 KERNELS = ("off", "on")
+FILL_SLICE = 64  # tokens a pass while the deep cache fills: each given up inside llama_decode when asked
 SERVER_CHOICE = "on"  # llama-server's -fa auto on a CPU: flash attention, what runs until this CPU is measured
 
 
@@ -66,18 +68,27 @@ def measure_kernel(model: Model, n_threads: int, n_threads_batch: int, stop=None
     """Measure which kernel pays on this CPU (a few seconds; longer where flash attention decodes faster)
     and store it. None, nothing stored, when `stop()` (asked between passes) ended it or `busy()` says other
     programs used the cores meanwhile: a figure measured on a busy machine is not this machine's."""
+    key = (str(_path(model, n_threads)), n_threads_batch)
+    stages = _STAGES.setdefault(key, {})  # kept when a later stage gives way: the next attempt goes on from there
     try:
-        ms = decode_ms(model, n_threads, n_threads_batch, stop)
+        if "decode" not in stages:
+            stages["decode"] = decode_ms(model, n_threads, n_threads_batch, stop)
+        ms, choice = stages["decode"], "off"
         record = {"decode_ms": ms, "depth": DEPTH}
-        choice = "off"
         if ms["on"] < ms["off"] * (1 - MARGIN):
-            deep = deep_ms(model, n_threads, n_threads_batch, stop)
-            record |= {"deep_ms": deep, "pass_tokens": PASS, "deep_depth": DEEP}
-            choice = "on" if flash_pays(ms, deep) else "off"
+            if "deep" not in stages:
+                stages["deep"] = deep_ms(model, n_threads, n_threads_batch, stop)
+            record |= {"deep_ms": stages["deep"], "pass_tokens": PASS, "deep_depth": DEEP}
+            choice = "on" if flash_pays(ms, stages["deep"]) else "off"
     except Stopped:
         return None
-    if busy is not None and busy():
+    finally:
+        if busy is not None and busy():  # measured beside another program: not this machine's figures
+            _STAGES.pop(key, None)
+            stages.clear()
+    if not stages:
         return None
+    _STAGES.pop(key, None)
     try:
         paths.write_atomic(_path(model, n_threads), json.dumps({"flash_attn": choice, **record}))
     except OSError:
@@ -100,6 +111,9 @@ def measure_for(engine, stop=None, busy=None) -> str | None:
     load = engine.load
     return engine.decoding(lambda: measure_kernel(engine.target_model, load.n_threads, load.n_threads_batch,
                                                   stop, busy))
+
+
+_STAGES: dict[tuple, dict] = {}  # stages of a measurement that gave way, per (model, threads): kept in memory
 
 
 class Stopped(Exception):
@@ -126,8 +140,14 @@ def _timed(model: Model, n_threads: int, n_threads_batch: int, depth: int,
     try:
         text = model.tokenize("def fibonacci(n):\n    " * (depth + longest), add_special=False)
         prompt, probe = text[:depth], text[depth:depth + longest]
-        for ctx in ctxs.values():
-            ctx.eval(prompt, logits="none")
+        for ctx in ctxs.values():  # in slices a request or another program stops within one of them
+            for i in range(0, len(prompt), FILL_SLICE):
+                if stop is not None and stop():
+                    raise Stopped()
+                try:
+                    ctx.eval(prompt[i:i + FILL_SLICE], logits="none", stop=stop)
+                except PassInterrupted:
+                    raise Stopped() from None
         out = {}
         for name, (tokens, repeats, logits) in probes.items():
             times: dict[str, list[float]] = {k: [] for k in KERNELS}

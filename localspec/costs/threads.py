@@ -74,11 +74,20 @@ class ThreadGovernor:
     BAD_TRIAL = 2.0  # a trial whose pass costs this many times the old count's average ends at once
     FREE_CORE = 0.6  # probe upwards only if other processes left at least this much of a core free
 
+    OVERSUBSCRIBED = 0.5  # other programs leave fewer free cores than this many below the thread count: try fewer
+
     def __init__(self, max_threads: int, expected: Callable[[int], float | None], apply: Callable[[int], None],
                  clock: Callable[[], float] = time.perf_counter,
-                 others_busy: Callable[[], float | None] | None = None):
+                 others_busy: Callable[[], float | None] | None = None,
+                 relative: Callable[[int], float | None] | None = None, cores: int | None = None):
+        """expected(n): what an n-token pass costs on a quiet machine (the measured profile), None where it
+        has no figure; then `relative(n)` (a reference curve, T(n)/T(1)) times the fastest single-token pass
+        seen prices it, so a machine measured never is still watched."""
         self.max_threads, self.expected, self.apply, self.clock = max_threads, expected, apply, clock
         self.others_busy = others_busy if others_busy is not None else CpuWatch().others_busy
+        self.relative, self.fastest = relative, float("inf")  # the fastest single-token pass seen
+        self.cores = cores or os.cpu_count() or max_threads
+        self.down_hold_s, self.down_after = self.PROBE_S, 0.0  # after a trial downwards that did not pay
         self.threads = max_threads
         self.score: dict[int, float] = {}  # thread count -> running slowdown
         self.passes = 0  # passes at the current count since it was chosen
@@ -98,8 +107,10 @@ class ThreadGovernor:
         deep makes every pass dearer, which read as load and cost a trial at
         one thread. The first passes of a run at the full count on a quiet machine set what this depth costs."""
         self.scale = 1.0
+        busy = self.others_busy()  # since the last look (the last run), and a fresh window for the quiet check
+        if self.threads > 1 and self.trial_from is None and self._too_many(busy, self.threads):
+            self._try(self.threads - 1, "other programs hold the cores")  # before the run's first pass
         self.calibrating = [] if self.threads == self.max_threads and self.trial_from is None else None
-        self.others_busy()  # a fresh window for the quiet check
 
     def _calibrate(self, s: float) -> bool:
         """Collect the run's first slowdowns; True while still collecting (they judge nothing yet)."""
@@ -119,8 +130,21 @@ class ThreadGovernor:
             self._set(n, why)
             self.since -= self.probe_s - self.FIRST_PROBE_S  # and looks up again soon: the load may be gone
 
-    def after_pass(self, n_tokens: int, seconds: float) -> None:
+    def _expected_s(self, n_tokens: int, seconds: float) -> float | None:
         exp = self.expected(n_tokens)
+        if exp or self.relative is None:
+            return exp
+        if n_tokens == 1 and 0 < seconds < self.fastest:  # a new baseline: the scores priced by the old one follow
+            if self.fastest != float("inf"):
+                self.score = {k: v * self.fastest / seconds for k, v in self.score.items()}
+            self.fastest = seconds
+        if self.fastest == float("inf"):
+            return None
+        r = self.relative(n_tokens)
+        return r * self.fastest if r else None
+
+    def after_pass(self, n_tokens: int, seconds: float) -> None:
+        exp = self._expected_s(n_tokens, seconds)
         if not exp or seconds <= 0:
             return
         s = seconds / exp
@@ -129,6 +153,7 @@ class ThreadGovernor:
         s /= self.scale
         n = self.threads
         self.score[n] = s if n not in self.score or self.passes == 0 else self.score[n] + self.RATE * (s - self.score[n])
+        self.last_s = s
         self.passes += 1
         if self.trial_from is not None and s > self.BAD_TRIAL * self.score.get(self.trial_from, float("inf")):
             self._judge_trial()  # plainly worse: one such pass is enough (one can cost seconds)
@@ -139,6 +164,8 @@ class ThreadGovernor:
             self._judge_trial()
         elif self.score[n] > self.TRIGGER and n > 1 and self._contended():
             self._try(n - 1, f"passes at {self.score[n]:.1f}x their expected cost")
+        elif n > 1 and self._oversubscribed(n):
+            self._try(n - 1, "other programs hold the cores")
         elif n < self.max_threads and self.clock() - self.since >= self.probe_s:
             if self._core_free(n):
                 self._try(n + 1, "probing: the machine may have calmed down")
@@ -161,9 +188,21 @@ class ThreadGovernor:
     def _core_free(self, n: int) -> bool:
         """Whether the other processes left room for one more thread since the last look (unknown: yes)."""
         busy = self.others_busy()
-        return busy is None or (os.cpu_count() or self.max_threads) - n - busy >= self.FREE_CORE
+        return busy is None or self.cores - n - busy >= self.FREE_CORE
+
+    def _oversubscribed(self, n: int) -> bool:
+        """Whether other programs hold so much of the CPU that n threads cannot all run: each of llama.cpp's
+        barriers then waits for a thread the scheduler took away (seen at once, profile or none)."""
+        return self._too_many(self.others_busy(), n)
+
+    def _too_many(self, busy: float | None, n: int) -> bool:
+        return self.clock() >= self.down_after and busy is not None and self.cores - busy < n - self.OVERSUBSCRIBED
+
+    last_s = 0.0  # the latest pass's slowdown
 
     def _try(self, n: int, why: str) -> None:
+        if n < self.threads and self.threads in self.score:  # load that just came shows in the latest pass first
+            self.score[self.threads] = max(self.score[self.threads], self.last_s)
         self.trial_from = self.threads
         self._set(n, why)
 
@@ -176,6 +215,8 @@ class ThreadGovernor:
             return
         if new > old:  # a probe upwards that did not pay: wait longer before the next one
             self.probe_s = min(30.0, 2 * self.probe_s)
+        else:  # nor one downwards: the load alone does not send it down again for a while
+            self.down_after, self.down_hold_s = self.clock() + self.down_hold_s, min(30.0, 2 * self.down_hold_s)
         self._set(old, f"{new} threads were not faster ({self.score[new]:.1f}x vs {self.score[old]:.1f}x)")
 
     def _set(self, n: int, why: str) -> None:

@@ -13,6 +13,7 @@ import hashlib
 import json
 import statistics
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from .. import paths
@@ -84,31 +85,52 @@ def tune(engine, n_max: int | None = None, repeats: int = 3, warmup: int = 1, qu
     return prof
 
 
-def tune_while_quiet(engine, busy) -> CostProfile | None:
-    """auto's first profile for an engine that has none, measured now (quick, on the thread that decodes) and
-    kept, in the engine and the data dir, only if `busy()` says no other program used the cores meanwhile:
-    a figure measured on a busy machine is not this machine's (None then; measured again later)."""
-    prof = engine.decoding(lambda: tune(engine, quick=True, save=False))
-    if busy():
+@dataclass
+class CostRounds:
+    """Interleaved rounds of timed passes (T(n) for `sizes`, T_draft), kept across a measurement's interruptions."""
+    sizes: tuple[int, ...]
+    samples: dict = field(default_factory=dict)
+    done: int = 0
+
+
+QUICK_DEPTH, QUICK_WARMUP, QUICK_REPEATS = 32, 1, 2  # auto's first profile: shallow, few rounds (seconds)
+
+
+def quick_profile(engine, rounds: CostRounds, stop) -> CostProfile | None:
+    """auto's first profile, measured a round at a time on the thread that decodes (the caller holds the
+    first lane), giving way between passes when `stop()` says: None then, the finished rounds kept in
+    `rounds` for the next attempt; None too, and the rounds dropped, when their repeats disagree (noise)."""
+    sizes = list(rounds.sizes)
+    prompt = _fill_prompt(engine, QUICK_DEPTH + sizes[-1])
+    draft = engine.draft_ctx  # not loaded for this: priced from its size until it is (measure_costs)
+
+    def one_round():
+        engine.target.sync(prompt[:QUICK_DEPTH])
+        return _one_round(engine.target, draft, prompt[QUICK_DEPTH:], sizes, stop)
+
+    while rounds.done < QUICK_WARMUP + QUICK_REPEATS:
+        if stop():
+            return None
+        try:
+            with engine.unobserved():
+                timed = engine.decoding(one_round)
+        except PassInterrupted:
+            return None
+        for key, dt in (timed if rounds.done >= QUICK_WARMUP else ()):
+            rounds.samples.setdefault(key, []).append(dt)
+        rounds.done += 1
+    samples, rounds.samples, rounds.done = rounds.samples, {}, 0
+    if noisy_sizes(samples) or not plausible([statistics.median(samples[("t", n)]) for n in sizes]):
         return None
-    keep_profile(prof)
-    engine.profile = prof
+    prof = _profile(engine, samples, sizes, QUICK_DEPTH)
+    prof.extra["quick"], prof.key = True, profile_key(engine)
     return prof
 
 
-def measure_when_idle(engine, busy, stop) -> bool:
-    """What this machine has not measured yet, now that nobody waits for it: auto's pass costs first (kept
-    only if `busy()` says the cores stayed free), then the attention kernel (attention.py; given up when
-    `stop()` says). True when one was due (measured, or given up to be tried at the next idle moment)."""
-    from . import attention
-
-    if engine.profile is None:
-        tune_while_quiet(engine, busy)
-        return True
-    if attention.engine_pending(engine):
-        attention.measure_for(engine, stop, busy)
-        return True
-    return False
+def _fill_prompt(engine, n: int) -> list[int]:
+    """n tokens of code to time passes over (the passes' cost does not depend on which tokens)."""
+    prompt = engine.target_model.tokenize("def fibonacci(n):\n    \"\"\"Return the n-th Fibonacci number.\"\"\"\n", True)
+    return (prompt * (n // max(1, len(prompt)) + 1))[:n]
 
 
 def keep_profile(prof: CostProfile) -> None:
@@ -135,14 +157,11 @@ def measure_costs(engine, n_max: int | None = None, repeats: int = 5, warmup: in
     repeats agree, since that is what the backend does (kernels change with the batch size).
     Without `load_draft`, a draft model not loaded yet is not loaded for this: its cost is estimated
     from the file sizes (decoding reads every weight once), marked in `extra`, until `localspec tune`."""
-    from datetime import datetime, timezone
-
     sizes = [s for s in sizes if n_max is None or s <= n_max] or [1]
     if n_max is not None and sizes[-1] < n_max:
         sizes.append(n_max)
     tgt = engine.target
-    prompt = engine.target_model.tokenize("def fibonacci(n):\n    \"\"\"Return the n-th Fibonacci number.\"\"\"\n", True)
-    prompt = (prompt * ((depth + sizes[-1]) // max(1, len(prompt)) + 1))[:depth + sizes[-1]]
+    prompt = _fill_prompt(engine, depth + sizes[-1])
     tgt.sync(prompt[:depth])
     batch = prompt[depth:]
     draft = engine.load_draft() if load_draft else engine.draft_ctx  # auto needs T_draft to judge the model draft
@@ -152,6 +171,13 @@ def measure_costs(engine, n_max: int | None = None, repeats: int = 5, warmup: in
         samples = _sample_passes(tgt, draft, batch, sizes, warmup + repeats, warmup)
         if not noisy_sizes(samples) and plausible([statistics.median(samples[("t", n)]) for n in sizes]):
             break
+    return _profile(engine, samples, sizes, depth)
+
+
+def _profile(engine, samples: dict, sizes: list[int], depth: int) -> CostProfile:
+    """A profile from timed rounds' samples (medians), T_draft estimated from the files where it was not timed."""
+    from datetime import datetime, timezone
+
     measured = [statistics.median(samples[("t", n)]) for n in sizes]
     t_verify = densify(sizes, measured)
     t_draft = statistics.median(samples[("d", 1)]) if ("d", 1) in samples else None
@@ -167,13 +193,23 @@ def _sample_passes(tgt, draft, batch: list[int], sizes: list[int], rounds: int, 
     """{("t", n): [seconds, ...], ("d", 1): [...]} over `rounds` interleaved rounds, the first `warmup` dropped."""
     samples: dict[tuple[str, int], list[float]] = {}
     for r in range(rounds):
-        timed = [(("t", n), timed_pass(tgt, batch[:n])) for n in sizes if n > 1]
-        timed.append((("t", 1), _steady_single_s(tgt, batch[:SINGLES])))
-        if draft is not None:  # a drafting round: single tokens in a row, as the draft model proposes them
-            timed.append((("d", 1), statistics.mean(_timed_singles(draft, batch[:SINGLES]))))
+        timed = _one_round(tgt, draft, batch, sizes)
         for key, dt in (timed if r >= warmup else ()):
             samples.setdefault(key, []).append(dt)
     return samples
+
+
+def _one_round(tgt, draft, batch: list[int], sizes: list[int], stop=None) -> list[tuple[tuple[str, int], float]]:
+    """One pass of each size, then single tokens in a row (and the draft model's); with `stop`, asked
+    between passes (PassInterrupted when it says to give way)."""
+    timed = []
+    for n in [s for s in sizes if s > 1] + [1]:
+        if stop is not None and stop():
+            raise PassInterrupted("a measurement gave way")
+        timed.append((("t", n), timed_pass(tgt, batch[:n]) if n > 1 else _steady_single_s(tgt, batch[:SINGLES])))
+    if draft is not None:  # a drafting round: single tokens in a row, as the draft model proposes them
+        timed.append((("d", 1), statistics.mean(_timed_singles(draft, batch[:SINGLES]))))
+    return timed
 
 
 NOISE = 0.35  # repeats of one pass size further apart than this share of their median: the machine was busy

@@ -12,6 +12,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response
 
 from ..backend import common_prefix
+from ..costs import idle
 from ..errors import LocalspecError
 from ..fim.layout import FimUnsupported, fim_stop_tokens, infill_tokens, require_fim
 from .request import conversation, live_fields, localspec_stats, timings
@@ -156,6 +157,7 @@ async def props(request: Request, state: ServerState) -> Response:
                       "fim": bool(m.fim_tokens()), "spec": sess.gen.spec, "drafter": sess.gen.drafter,
                       "add_bos": bool(m.add_bos), "bos_id": m.bos,
                       "profile": asdict(srv.engine.profile) if srv.engine.profile is not None else None,
+                      "measurement": idle.state_of(srv.engine).to_dict(),
                       "load": {"ctx_size": sess.load.n_ctx, "threads": sess.load.n_threads,
                                "n_gpu_layers": sess.load.n_gpu_layers_target, "mmap": sess.load.mmap,
                                "flash_attn": sess.load.flash_attn, "flash_attn_in_use": srv.engine.flash_attn,
@@ -219,7 +221,9 @@ async def metrics(request: Request, state: ServerState) -> Response:
     for slot, s in router.loaded_states():
         batcher = s.server.engine.batcher
         swapped = batcher.swap.moves if batcher is not None else 0
-        groups.append(("" if router.single else f'model="{slot.entry.name}"', s.server.metrics.samples(swapped)))
+        measurement = idle.state_of(s.server.engine).to_dict()
+        groups.append(("" if router.single else f'model="{slot.entry.name}"',
+                       s.server.metrics.samples(swapped, measurement)))
     return PlainTextResponse(prometheus_text(groups), media_type="text/plain; version=0.0.4")
 
 

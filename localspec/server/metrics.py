@@ -46,8 +46,9 @@ class Metrics:
         """swapped: sequences moved out of a full cache to wait for cells (caches/swap.py), since the start."""
         return prometheus_text([("", self.samples(swapped))])
 
-    def samples(self, swapped: int = 0) -> list[tuple[str, str, str, str, float]]:
-        """(name, kind, help, labels, value) rows; labels as Prometheus writes them inside braces."""
+    def samples(self, swapped: int = 0, measurement: dict | None = None) -> list[tuple[str, str, str, str, float]]:
+        """(name, kind, help, labels, value) rows; labels as Prometheus writes them inside braces. measurement:
+        where this machine's first measurements stand (costs/idle.py, `Measurement.to_dict`)."""
         processing, deferred = (len(self.jobs.running), self.jobs.qsize()) if self.jobs else (0, 0)
         with self.lock:
             rows = [
@@ -74,6 +75,13 @@ class Metrics:
                  swapped),
             ]
             out = [(name, kind, help_, "", value) for name, kind, help_, value in rows]
+            if measurement is not None:
+                out += [("localspec:measurement", "gauge", "This machine's first measurements: 1 for the state "
+                         "they are in (pending, measuring, waiting after giving way to another program, done).",
+                         f'state="{state}"', int(measurement["state"] == state))
+                        for state in ("pending", "measuring", "waiting", "done")]
+                out.append(("localspec:measurement_seconds_total", "counter", "Seconds spent measuring while idle.",
+                            "", measurement["measured_s"]))
             for metric, col, help_ in (("localspec:draft_tokens_total", 0, "Draft tokens proposed, by drafter."),
                                        ("localspec:draft_tokens_accepted_total", 1, "Draft tokens accepted, by drafter.")):
                 out += [(metric, "counter", help_, f'drafter="{d}"', v[col]) for d, v in sorted(self.by_drafter.items())]

@@ -29,7 +29,8 @@ from ..costs.costmodel import CURVE_SIZES, depth_bucket
 from ..errors import LocalspecError
 from ..fim.windows import EditorSettings, EditorWindows
 from ..session import Session
-from ..costs.tuning import keep_profile, measure_at_depth, measure_when_idle
+from ..costs import idle
+from ..costs.tuning import keep_profile, measure_at_depth
 from ..stats import Stats
 from ..costs.threads import OTHERS_BUSY, CpuWatch
 from .infill import LineLimits
@@ -158,9 +159,13 @@ class ModelWorker:
 
     def _idle_after(self) -> float | None:
         """How long the queue stays empty before idle work starts: editors send the next request within
-        ~0.1 s of an answer, and a step of background work already begun delays it."""
+        ~0.1 s of an answer, and a step of background work already begun delays it. A first measurement waits
+        for a machine quiet that long (the window `_others_busy` reads), and out its backing off."""
         if self.idle_prompt:
             return IDLE_WARMUP_S
+        m = idle.state_of(self.engine)
+        if m.state != "done":
+            return max(idle.QUIET_BEFORE_S, m.not_before - time.monotonic())
         return IDLE_MEASURE_S if self.measure_pending else None
 
     def _idle_work(self) -> None:
@@ -179,10 +184,15 @@ class ModelWorker:
             self.lanes.checkin(lane, background=True)
 
     def _first_measurements(self) -> bool:
-        """This machine's first pass costs, then its attention kernel, measured while idle, never before an
-        answer, and kept only if no other program used the cores meanwhile (the kernel measurement gives way
-        to any request). True when one was due (measured, or given up to be tried again)."""
-        return measure_when_idle(self.engine, self._others_busy, stop=lambda: not self._quiet() or self._others_busy())
+        """This machine's first pass costs, then its attention kernel (costs/idle.py), on the first lane, held
+        so no request shares its sequence: a request takes it back within a pass. True when one was due."""
+        if idle.state_of(self.engine).state == "done":
+            return False
+        lane = self.lanes.checkout(lane=self.engine.lanes[0], background=True)
+        try:
+            return idle.measure_when_idle(self.engine, self._others_busy, request=lambda: not self._quiet())
+        finally:
+            self.lanes.checkin(lane, background=True)
 
     def _foreground(self) -> bool:
         """A request waits or runs: background work (a warm-up) gives way to it, on any lane, since their
@@ -270,8 +280,6 @@ class ModelWorker:
             if cfg.grammar:
                 engine.grammar(cfg.grammar).close()  # a grammar that does not parse is a 400 before any answer
             check_prompt_fits(engine, prompt)
-            if cfg.spec == "auto" and engine.profile is None:  # measured when idle (_first_measurements),
-                cfg.spec = "off"  # never before an answer; meanwhile plain decoding, never a guess
             job.emit(("start", len(prompt)))
             t_start = time.perf_counter()
             lane = self.lanes.checkout(prompt)

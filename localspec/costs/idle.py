@@ -1,0 +1,130 @@
+"""The one owner of "answer now, measure when nobody waits": what this machine has not measured yet (auto's
+pass costs, then the attention kernel), measured by `localspec run` after its answer, the chat app while
+its user reads and a server while idle, never before an answer.
+
+A measurement must be invisible: it starts only on a machine other programs left quiet (the caller's
+`busy()` window), runs in passes that give way within one pass to a request or to another program
+(`stop()`), keeps what it measured before it gave way (the pass-cost rounds done, the kernel's stages
+done), and after giving way to another program waits longer each time (BACKOFF_S) before it tries again.
+`state_of(engine)` is what /metrics, `localspec doctor` and the chat app's status line show.
+"""
+
+from __future__ import annotations
+
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Callable
+
+from . import attention
+from .costmodel import QUICK_SIZES
+from .tuning import CostRounds, keep_profile, quick_profile
+
+QUIET_BEFORE_S = 5.0  # a server's first measurement waits for other programs to leave the cores this long
+BACKOFF_S = (15.0, 600.0)  # after giving way to another program: wait this long, doubling up to the second
+
+
+@dataclass
+class Measurement:
+    """Where this engine's first measurements stand: `state` is "pending" (due, waiting for an idle moment),
+    "measuring", "waiting" (gave way to another program; not again before `not_before`) or "done"."""
+    state: str = "pending"
+    why: str = ""  # what the last attempt gave way to, or what is left
+    gave_way: int = 0  # attempts given up for other programs in a row
+    not_before: float = 0.0  # time.monotonic() before which no attempt starts
+    rounds: CostRounds = field(default_factory=lambda: CostRounds(QUICK_SIZES))  # pass-cost rounds kept
+    measured_s: float = 0.0  # wall seconds spent measuring, all attempts
+
+    def to_dict(self) -> dict:
+        wait = max(0.0, self.not_before - time.monotonic())
+        return {"state": self.state, "why": self.why, "gave_way": self.gave_way, "retry_in_s": round(wait, 1),
+                "measured_s": round(self.measured_s, 1)}
+
+
+def state_of(engine) -> Measurement:
+    m = getattr(engine, "measurement", None)
+    if m is None:
+        m = engine.measurement = Measurement()
+    if m.state != "measuring":
+        m.state = "done" if not due(engine) else m.state
+    return m
+
+
+def due(engine) -> bool:
+    """Something is left to measure on this machine for this engine."""
+    return engine.profile is None or attention.engine_pending(engine)
+
+
+def measure_when_idle(engine, busy: Callable[[], bool], request: Callable[[], bool]) -> bool:
+    """Measure the next thing this machine lacks, giving way within a pass when `request()` (someone waits)
+    or `busy()` (another program used the cores since the last look) says so. The caller checks `busy()`
+    over a quiet window first. True when something was due (measured, given way, or backing off)."""
+    m = state_of(engine)
+    if m.state == "done":
+        return False
+    if time.monotonic() < m.not_before:
+        return True
+    m.state, t0 = "measuring", time.monotonic()
+    gave_way: list[str] = []
+
+    def stop() -> bool:
+        if request():
+            gave_way.append("a request")
+        elif busy():
+            gave_way.append("another program")
+        return bool(gave_way)
+
+    try:
+        if engine.profile is None:
+            with _kept(engine.target):
+                prof = quick_profile(engine, m.rounds, stop)
+            if prof is not None and busy():  # measured beside another program: not this machine's figures
+                gave_way.append("another program")
+            elif prof is not None:
+                keep_profile(prof)
+                engine.profile = prof
+        else:
+            attention.measure_for(engine, stop, busy)
+    finally:
+        m.measured_s += time.monotonic() - t0
+        _after(m, engine, gave_way[0] if gave_way else None)
+    return True
+
+
+@contextmanager
+def _kept(ctx):
+    """The first sequence's cache (a conversation's) put back after the measurement's passes replaced it."""
+    held = (ctx.snapshot(), list(ctx.tokens), ctx.cuts.copy()) if ctx.tokens else None
+    try:
+        yield
+    finally:
+        if held is not None:
+            ctx.restore(held[0], held[1], cuts=held[2])
+        else:
+            ctx.clear()
+
+
+def measure_all_when_idle(engine, busy: Callable[[], bool], request: Callable[[], bool]) -> None:
+    """Everything still due, one thing after the other, until it is done, gives way, or backs off."""
+    while measure_when_idle(engine, busy, request) and state_of(engine).state == "pending" and not request():
+        if busy():
+            return
+
+
+def _after(m: Measurement, engine, gave_way_to: str | None) -> None:
+    if not due(engine):
+        m.state, m.why, m.gave_way = "done", "", 0
+    elif gave_way_to == "another program":
+        m.gave_way += 1
+        m.not_before = time.monotonic() + min(BACKOFF_S[1], BACKOFF_S[0] * 2 ** (m.gave_way - 1))
+        m.state, m.why = "waiting", "another program used the cores"
+    else:
+        m.state = "pending"
+        m.why = "gave way to a request" if gave_way_to else ("pass costs" if engine.profile is None
+                                                             else "the attention kernel")
+
+
+def word(engine) -> str | None:
+    """The chat app's status word: None when nothing is left to measure."""
+    m = state_of(engine)
+    return {"measuring": "measuring", "waiting": "measure later", "pending": "measure pending"}.get(m.state)
