@@ -172,7 +172,7 @@ NOISE = {"messages": [{"role": "user", "content": "Write a limerick about a cach
 def repeat(servers: list[Entrant], results: list[dict], bodies: list[dict], gap: float) -> None:
     """Every request again to the servers that draft (localspec's; their plain twins have nothing to draft
     differently), in reverse order after a sampled answer: row["again"][server] is the second answer."""
-    drafting = [s for s in servers if s.name in PLAIN_TWIN and s.name in LOCALSPEC_ARGS]
+    drafting = [s for s in servers if s.name in PLAIN_TWIN and s.name in LOCALSPEC_ARGS or s.name.startswith("localspec@")]
     for s in drafting:
         s.ask(NOISE)
     for row, body in reversed(list(zip(results, bodies))):
@@ -307,6 +307,8 @@ def main() -> int:
     p.add_argument("--gap", type=float, default=2.0, help="seconds of quiet before each request (default 2)")
     p.add_argument("--llama-server", type=Path, help="a llama-server binary (default: built from the sdist, cached)")
     p.add_argument("--json", type=Path, help="write every request's figures and texts here")
+    p.add_argument("--max-tokens", type=int, metavar="N",
+                   help="cap every request at N tokens (1: the first byte alone, each prompt's evaluation compared)")
     p.add_argument("--repeat", action="store_true",
                    help="send every request again afterwards (reverse order, after a sampled one): same answers?")
     a = p.parse_args()
@@ -325,6 +327,8 @@ def main() -> int:
             s.ask({"messages": [{"role": "user", "content": "Say hi."}], "max_tokens": 8, "temperature": 0})
         wait_quiet(servers, quiet_s=3.0, gap_s=a.gap, limit_s=300)
         for i, (w, body) in enumerate(workloads(a.workloads.split(","), a.quick)):
+            if a.max_tokens:
+                body["max_tokens"] = min(body["max_tokens"], a.max_tokens)
             order = servers[i % len(servers):] + servers[:i % len(servers)]
             if i % 2:
                 order.reverse()
