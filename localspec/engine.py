@@ -203,6 +203,8 @@ class Engine:
         decode_before = tgt.decode_s + lane.draft_decode_s()
 
         t0 = time.perf_counter()
+        if self.governor:
+            self.governor.before_run()
         first = self._start(lane, priority, seq, stats, cancel, repeatable=self.decides_from_request_alone(cfg))
         if first is None:
             stats.stop_reason = "cancelled"  # during the prompt

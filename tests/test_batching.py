@@ -350,12 +350,14 @@ def test_a_request_gets_the_lane_holding_its_prefix_and_idle_lanes_are_parked(sh
 def test_a_quick_profile_gets_its_whole_curve_in_the_first_idle_moment_even_after_a_short_request(shared):
     """After a "hi" (too shallow to measure over), the idle measurement fills the lane to QUICK_FILL
     tokens, prices passes to 64 there, and leaves the lane holding the conversation it held."""
+    from localspec.costs import idle
     from localspec.costs.costmodel import CURVE_SIZES
     from localspec.server import worker
 
     srv = worker.ModelWorker.__new__(worker.ModelWorker)
     srv.engine, srv.idle_watch = shared, None
     srv.jobs = worker.JobQueue(lambda job: None)
+    srv.depth_backoff = idle.Backoff()
     before = shared.profile
     shared.profile = CostProfile(t_decode=1.0, t_verify=[1.0 + i for i in range(16)], extra={"quick": True})
     lane = shared.lanes[0]

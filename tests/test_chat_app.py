@@ -115,8 +115,9 @@ def test_prompt_streams_a_reply_and_fills_the_status_bar(tiny):
             st = app.last_stats
             assert st.tokens > 0 and st.stop_reason in ("eos", "length", "context")
             bar = status_text(app)
-            assert re.search(r"spec on k=4 temp=0 │ [0-9.]+ tok/s │ accept [0-9]+% │ mean acc len [0-9.]+ │ "
-                             r"[0-9.]+ passes/tok", bar), bar
+            # this machine's first measurements, in a word while they are not done (costs/idle.py)
+            assert re.search(r"spec on k=4 temp=0 │ (measuring │ |measure pending │ |measure later │ )?[0-9.]+ tok/s │ "
+                             r"accept [0-9]+% │ mean acc len [0-9.]+ │ [0-9.]+ passes/tok", bar), bar
             assert "tok/s" in str(view.note.content)  # the footnote under the reply
             assert [m.role for m in app.turns] == ["user", "assistant"]
     run(go())
@@ -348,7 +349,8 @@ def test_spec_auto_measures_costs_and_estimates_the_speedup(tiny, monkeypatch):
             await ready(pilot, app)
             assert app.engine.profile is None  # ready without measuring: nobody waits for it
             first = await send(pilot, app, "write the code")
-            assert first.text and app.last_stats.spec_mode == "off"  # the first reply runs plain ...
+            stats = app.last_stats  # the first reply: drafts priced by the reference curve ...
+            assert first.text and stats.spec_mode == "auto" and "T_verify/T_decode = 1.00, 1.80" in stats.policy
             assert app.engine.profile is not None  # ... and the pass costs are measured right after it
             assert list(paths.profiles_dir().glob("*.json"))
             await send(pilot, app, "write the code")

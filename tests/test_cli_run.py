@@ -52,18 +52,20 @@ def test_bare_prompt_means_run_and_no_spec_is_plain(tiny, cli):
 
 
 def test_auto_measures_a_profile_once_after_the_first_answer(tiny, localspec_home, cli, monkeypatch):
-    """The first answer never waits for a measurement: it decodes plainly, the pass costs are measured after
-    it (kept only from a quiet machine: a busy one's figures are dropped), and later runs use them."""
+    """The first answer never waits for a measurement: the reference curve prices its drafts (auto drafts
+    copies alone), the pass costs are measured after it (kept only from a quiet machine: a busy one's
+    figures are dropped), and later runs use them."""
     from localspec.commands import run
 
     busy = [True]
     monkeypatch.setattr(run, "quiet_watch", lambda: lambda: busy[0])
     rc, out, err = cli(*pair(tiny), "-n", "5", "--json", "hello")
-    assert rc == 0 and json.loads(out)["stats"]["spec_mode"] == "off" and "measuring" not in err
-    assert not list((localspec_home / "profiles").glob("*.json"))  # a busy machine: nothing kept
+    stats = json.loads(out)["stats"]
+    assert rc == 0 and stats["spec_mode"] == "auto" and "T_verify/T_decode = 1.00, 1.80" in stats["policy"]
+    assert "measuring" not in err and not list((localspec_home / "profiles").glob("*.json"))  # busy: none kept
     busy[0] = False
     rc, out, err = cli(*pair(tiny), "-n", "5", "--json", "hello")
-    assert rc == 0 and json.loads(out)["stats"]["spec_mode"] == "off"
+    assert rc == 0 and "T_verify/T_decode = 1.00, 1.80" in json.loads(out)["stats"]["policy"]
     assert list((localspec_home / "profiles").glob("*.json"))  # measured after the answer
     rc, out, err = cli(*pair(tiny), "-n", "5", "--json", "hello")
     assert rc == 0 and json.loads(out)["stats"]["spec_mode"] == "auto" and "measuring" not in err

@@ -265,19 +265,29 @@ def test_idle_measurements_wait_while_other_programs_use_the_cpu(tmp_path):
 
 
 def test_a_servers_first_measurements_wait_for_idle_time_and_a_quiet_machine(tiny, monkeypatch):
-    """A fresh server answers before anything is measured (auto decodes plainly until then); idle, it
-    measures its pass costs, kept only if no other program used the cores meanwhile."""
+    """A fresh server answers before anything is measured (auto drafts by the reference curve until then);
+    idle, it measures its pass costs on its first lane, kept only if no other program used the cores
+    meanwhile, and after giving way to one it waits before trying again."""
     from localspec.config import LoadConfig
+    from localspec.costs import idle, tuning
     from localspec.server import worker
+    from localspec.server.jobqueue import JobQueue
+    from localspec.server.lanes import LanePool
 
+    monkeypatch.setattr(tuning, "noisy_sizes", lambda samples: [])  # the tiny model's passes take microseconds
     srv = worker.ModelWorker.__new__(worker.ModelWorker)
     srv.engine = ServingEngine(tiny.target, None, LoadConfig(n_threads=2, n_threads_batch=2))
+    srv.lanes, srv.jobs, srv.idle_prompt = LanePool(srv.engine), JobQueue(lambda job: None), None
     try:
         busy = [True]
         monkeypatch.setattr(srv, "_others_busy", lambda: busy[0])
         assert srv._first_measurements() and srv.engine.profile is None  # a busy machine: nothing kept
         busy[0] = False
+        assert srv._first_measurements() and srv.engine.profile is None  # backing off
+        assert idle.state_of(srv.engine).state == "waiting" and srv._idle_after() > idle.QUIET_BEFORE_S
+        idle.state_of(srv.engine).backoff.not_before = 0.0
         assert srv._first_measurements() and srv.engine.profile is not None
+        assert srv.lanes.background == 0 and len(srv.lanes.free) == len(srv.engine.lanes)  # the lane handed back
         assert not srv._first_measurements()  # nothing left to measure for a tiny model (no kernel choice)
     finally:
         srv.engine.close()

@@ -109,12 +109,12 @@ def test_without_a_profile_a_machine_busy_from_the_start_drops_a_thread_within_a
 def test_a_run_that_starts_beside_busy_programs_starts_with_fewer_threads():
     m = Machine({2: 3.0, 1: 1.6}, others=1.6)
     g = unmeasured(m)
-    g.begin_run()
+    g.before_run()
     assert g.threads == 1 and m.applied == [1]  # before its first pass
     m.run(g, ThreadGovernor.MIN_PASSES)
     assert g.threads == 1 and len(g.changes) == 1
     quiet = unmeasured(Machine({2: 1.0, 1: 1.5}, others=0.1))
-    quiet.begin_run()
+    quiet.before_run()
     assert quiet.threads == 2 and quiet.changes == []
 
 

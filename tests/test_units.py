@@ -235,13 +235,13 @@ def test_pass_costs_measured_on_a_busy_machine_are_not_kept(tiny, monkeypatch):
     try:
         assert idle.measure_when_idle(e, lambda: True, request=lambda: False) and e.profile is None
         m = idle.state_of(e)
-        assert m.state == "waiting" and m.why == "another program used the cores" and m.gave_way == 1
+        assert m.state == "waiting" and m.why == "another program used the cores" and m.backoff.gave_way == 1
         assert not list(paths.profiles_dir().glob("*.json"))
         assert m.to_dict()["retry_in_s"] > 10  # backing off
-        m.not_before = 0.0
+        m.backoff.not_before = 0.0
         assert idle.measure_when_idle(e, lambda: False, request=lambda: False)
         assert e.profile.extra.get("quick") and list(paths.profiles_dir().glob("*.json"))
-        assert m.state == "done" and m.gave_way == 0 and not idle.due(e)
+        assert m.state == "done" and m.backoff.gave_way == 0 and not idle.due(e)
     finally:
         e.close()
 
@@ -282,13 +282,13 @@ def test_a_measurement_gives_way_to_another_program_and_backs_off_longer_each_ti
         appears = lambda: looks.append(1) or len(looks) > 5  # noqa: E731  (another process starts mid-way)
         assert idle.measure_when_idle(e, appears, request=lambda: False) and e.profile is None
         m = idle.state_of(e)
-        first_wait = m.not_before - time.monotonic()
-        assert m.state == "waiting" and m.gave_way == 1 and idle.BACKOFF_S[0] - 1 < first_wait <= idle.BACKOFF_S[0]
-        assert idle.measure_when_idle(e, lambda: False, request=lambda: False) and m.gave_way == 1  # not yet
-        m.not_before = 0.0
+        first_wait = m.backoff.wait_s()
+        assert m.state == "waiting" and m.backoff.gave_way == 1 and idle.BACKOFF_S[0] - 1 < first_wait <= idle.BACKOFF_S[0]
+        assert idle.measure_when_idle(e, lambda: False, request=lambda: False) and m.backoff.gave_way == 1  # not yet
+        m.backoff.not_before = 0.0
         looks.clear()
         idle.measure_when_idle(e, appears, request=lambda: False)
-        assert m.gave_way == 2 and m.not_before - time.monotonic() > first_wait  # longer each time
+        assert m.backoff.gave_way == 2 and m.backoff.wait_s() > first_wait  # longer each time
         assert idle.word(e) == "measure later"
     finally:
         e.close()

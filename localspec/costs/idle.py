@@ -20,8 +20,41 @@ from . import attention
 from .costmodel import QUICK_SIZES
 from .tuning import CostRounds, keep_profile, quick_profile
 
-QUIET_BEFORE_S = 5.0  # a server's first measurement waits for other programs to leave the cores this long
+QUIET_BEFORE_S = 5.0  # a server measures only after it and the other programs left the cores quiet this long
 BACKOFF_S = (15.0, 600.0)  # after giving way to another program: wait this long, doubling up to the second
+
+
+@dataclass
+class Backoff:
+    """When background work that gave way to another program may try again: BACKOFF_S, doubling each time."""
+    gave_way: int = 0  # times in a row
+    not_before: float = 0.0  # time.monotonic()
+
+    def ready(self) -> bool:
+        return time.monotonic() >= self.not_before
+
+    def wait_s(self) -> float:
+        return max(0.0, self.not_before - time.monotonic())
+
+    def another_program(self) -> None:
+        self.gave_way += 1
+        self.not_before = time.monotonic() + min(BACKOFF_S[1], BACKOFF_S[0] * 2 ** (self.gave_way - 1))
+
+    def done(self) -> None:
+        self.gave_way, self.not_before = 0, 0.0
+
+
+def stopper(request: Callable[[], bool], busy: Callable[[], bool], gave_way: list[str]) -> Callable[[], bool]:
+    """stop() for background work: True once someone waits (`request()`) or another program used the cores
+    (`busy()`), which it appends to `gave_way`."""
+    def stop() -> bool:
+        if not gave_way:
+            if request():
+                gave_way.append("a request")
+            elif busy():
+                gave_way.append("another program")
+        return bool(gave_way)
+    return stop
 
 
 @dataclass
@@ -30,15 +63,13 @@ class Measurement:
     "measuring", "waiting" (gave way to another program; not again before `not_before`) or "done"."""
     state: str = "pending"
     why: str = ""  # what the last attempt gave way to, or what is left
-    gave_way: int = 0  # attempts given up for other programs in a row
-    not_before: float = 0.0  # time.monotonic() before which no attempt starts
+    backoff: Backoff = field(default_factory=Backoff)  # after giving way to another program
     rounds: CostRounds = field(default_factory=lambda: CostRounds(QUICK_SIZES))  # pass-cost rounds kept
     measured_s: float = 0.0  # wall seconds spent measuring, all attempts
 
     def to_dict(self) -> dict:
-        wait = max(0.0, self.not_before - time.monotonic())
-        return {"state": self.state, "why": self.why, "gave_way": self.gave_way, "retry_in_s": round(wait, 1),
-                "measured_s": round(self.measured_s, 1)}
+        return {"state": self.state, "why": self.why, "gave_way": self.backoff.gave_way,
+                "retry_in_s": round(self.backoff.wait_s(), 1), "measured_s": round(self.measured_s, 1)}
 
 
 def state_of(engine) -> Measurement:
@@ -62,18 +93,11 @@ def measure_when_idle(engine, busy: Callable[[], bool], request: Callable[[], bo
     m = state_of(engine)
     if m.state == "done":
         return False
-    if time.monotonic() < m.not_before:
+    if not m.backoff.ready():
         return True
     m.state, t0 = "measuring", time.monotonic()
     gave_way: list[str] = []
-
-    def stop() -> bool:
-        if request():
-            gave_way.append("a request")
-        elif busy():
-            gave_way.append("another program")
-        return bool(gave_way)
-
+    stop = stopper(request, busy, gave_way)
     try:
         if engine.profile is None:
             with _kept(engine.target):
@@ -113,10 +137,10 @@ def measure_all_when_idle(engine, busy: Callable[[], bool], request: Callable[[]
 
 def _after(m: Measurement, engine, gave_way_to: str | None) -> None:
     if not due(engine):
-        m.state, m.why, m.gave_way = "done", "", 0
+        m.state, m.why = "done", ""
+        m.backoff.done()
     elif gave_way_to == "another program":
-        m.gave_way += 1
-        m.not_before = time.monotonic() + min(BACKOFF_S[1], BACKOFF_S[0] * 2 ** (m.gave_way - 1))
+        m.backoff.another_program()
         m.state, m.why = "waiting", "another program used the cores"
     else:
         m.state = "pending"

@@ -102,14 +102,19 @@ class ThreadGovernor:
 
     QUIET = 0.3  # other processes used less than this share of a core: the machine is quiet
 
+    def before_run(self) -> None:
+        """Before a run's first pass (its prompt's): other programs that already hold the cores are seen at
+        once, from /proc, and the run starts with fewer threads (a trial, judged by its passes as any)."""
+        busy = self.others_busy()  # since the last look (the last run's end), and a fresh window
+        if self.threads > 1 and self.trial_from is None and self._too_many(busy, self.threads):
+            self._try(self.threads - 1, "other programs hold the cores")
+
     def begin_run(self) -> None:
         """A new generation: the profile was measured at a shallow depth, and a prompt thousands of tokens
         deep makes every pass dearer, which read as load and cost a trial at
         one thread. The first passes of a run at the full count on a quiet machine set what this depth costs."""
         self.scale = 1.0
-        busy = self.others_busy()  # since the last look (the last run), and a fresh window for the quiet check
-        if self.threads > 1 and self.trial_from is None and self._too_many(busy, self.threads):
-            self._try(self.threads - 1, "other programs hold the cores")  # before the run's first pass
+        self.others_busy()  # a fresh window for the quiet check
         self.calibrating = [] if self.threads == self.max_threads and self.trial_from is None else None
 
     def _calibrate(self, s: float) -> bool:

@@ -96,10 +96,21 @@ class CostRounds:
 QUICK_DEPTH, QUICK_WARMUP, QUICK_REPEATS = 32, 1, 2  # auto's first profile: shallow, few rounds (seconds)
 
 
-def quick_profile(engine, rounds: CostRounds, stop) -> CostProfile | None:
+def quick_profile(engine, rounds: CostRounds, stop, attempts: int = 3) -> CostProfile | None:
     """auto's first profile, measured a round at a time on the thread that decodes (the caller holds the
     first lane), giving way between passes when `stop()` says: None then, the finished rounds kept in
-    `rounds` for the next attempt; None too, and the rounds dropped, when their repeats disagree (noise)."""
+    `rounds` for the next attempt. Rounds whose repeats disagree (noise) are measured again, up to
+    `attempts` times in all, then kept as they are (as measure_costs does)."""
+    for attempt in range(attempts):
+        prof = _quick_attempt(engine, rounds, stop, last=attempt == attempts - 1)
+        if prof is not None or rounds.done:  # measured, or given way (its rounds kept)
+            return prof
+        if stop():
+            return None
+    return None
+
+
+def _quick_attempt(engine, rounds: CostRounds, stop, last: bool) -> CostProfile | None:
     sizes = list(rounds.sizes)
     prompt = _fill_prompt(engine, QUICK_DEPTH + sizes[-1])
     draft = engine.draft_ctx  # not loaded for this: priced from its size until it is (measure_costs)
@@ -120,7 +131,7 @@ def quick_profile(engine, rounds: CostRounds, stop) -> CostProfile | None:
             rounds.samples.setdefault(key, []).append(dt)
         rounds.done += 1
     samples, rounds.samples, rounds.done = rounds.samples, {}, 0
-    if noisy_sizes(samples) or not plausible([statistics.median(samples[("t", n)]) for n in sizes]):
+    if not last and (noisy_sizes(samples) or not plausible([statistics.median(samples[("t", n)]) for n in sizes])):
         return None
     prof = _profile(engine, samples, sizes, QUICK_DEPTH)
     prof.extra["quick"], prof.key = True, profile_key(engine)

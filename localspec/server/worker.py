@@ -43,7 +43,6 @@ from .settings import Extras, resolve_logit_bias
 Emit = Callable[[tuple], None]
 MAX_WAITING = 64  # queued requests beyond this are refused (503) instead of held in memory without bound
 IDLE_WARMUP_S = 0.5  # quiet time before an interrupted warm-up goes on
-IDLE_MEASURE_S = 2.0  # quiet time before pass costs are measured at a new depth
 QUICK_FILL = 512  # the depth a quick profile's whole curve is measured at when the last request ran shallower
 CUT_SHORT = "the server is shutting down; the answer was cut short"
 
@@ -72,6 +71,7 @@ class ModelWorker:
         self.idle_prompt: list[int] | None = None  # a warm-up cut short by a request: finished when idle
         self.lanes = LanePool(self.engine)
         self.measure_pending = self.engine.profile is None or attention.engine_pending(self.engine)
+        self.depth_backoff = idle.Backoff()  # pricing passes at a depth gave way to another program: not at once
         self.threads = [threading.Thread(target=self._run, args=(i == 0,), name=f"localspec-generate-{i}",
                                          daemon=True) for i in range(len(self.engine.lanes))]
         for t in self.threads:
@@ -165,8 +165,8 @@ class ModelWorker:
             return IDLE_WARMUP_S
         m = idle.state_of(self.engine)
         if m.state != "done":
-            return max(idle.QUIET_BEFORE_S, m.not_before - time.monotonic())
-        return IDLE_MEASURE_S if self.measure_pending else None
+            return max(idle.QUIET_BEFORE_S, m.backoff.wait_s())
+        return max(idle.QUIET_BEFORE_S, self.depth_backoff.wait_s()) if self.measure_pending else None
 
     def _idle_work(self) -> None:
         if not self.idle_prompt and self._others_busy():
@@ -240,7 +240,11 @@ class ModelWorker:
         bucket = depth_bucket(held)
         if prof is None or not quick and (bucket is None or any(depth_bucket(int(d)) == bucket for d in prof.by_depth)):
             return
-        stop = lambda: not self._quiet() or self._others_busy()  # noqa: E731
+        if not self.depth_backoff.ready():
+            self.measure_pending = True  # later
+            return
+        gave_way: list[str] = []
+        stop = idle.stopper(lambda: not self._quiet(), self._others_busy, gave_way)
         try:
             with self.engine.unobserved():
                 if quick and held < QUICK_FILL:
@@ -253,6 +257,10 @@ class ModelWorker:
             lane.target.truncate(held)
         if tv:
             self._keep_curve(prof, tv, depth, quick)
+            self.depth_backoff.done()
+        elif gave_way == ["another program"]:  # it would start again at the next quiet moment, and give way again
+            self.depth_backoff.another_program()
+            self.measure_pending = True
 
     def _keep_curve(self, prof, tv: list[float], depth: int, quick: bool) -> None:
         if quick:
