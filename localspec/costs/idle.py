@@ -129,9 +129,10 @@ def _kept(ctx):
 
 
 def measure_all_when_idle(engine, busy: Callable[[], bool], request: Callable[[], bool]) -> None:
-    """Everything still due, one thing after the other, until it is done, gives way, or backs off."""
-    while measure_when_idle(engine, busy, request) and state_of(engine).state == "pending" and not request():
-        if busy():
+    """Everything still due, one thing after the other (a few at most: a figure that cannot be stored, in an
+    unwritable data root, stays due), until it is done, gives way, or backs off."""
+    for _ in range(3):
+        if not measure_when_idle(engine, busy, request) or state_of(engine).state != "pending" or request() or busy():
             return
 
 
