@@ -155,13 +155,16 @@ class Engine:
         return fn()
 
     # --- prompts ----------------------------------------------------------------------------
+    def _own_template(self) -> str | None:
+        return self.load.chat_template or self.target_model.chat_template()
+
     def chat_template(self) -> str:
         """The template asked for, else the GGUF's, else ChatML (llama-server's fallback: `template_note`)."""
-        return self.load.chat_template or self.target_model.chat_template() or CHATML
+        return self._own_template() or CHATML
 
     def template_note(self) -> str | None:
         """What a load without any chat template tells its user, once."""
-        if self.load.chat_template or self.target_model.chat_template():
+        if self._own_template():
             return None
         return (f"{self.target_model.path.name} has no chat template in its GGUF: ChatML is used, as llama-server "
                 "does (--chat-template gives another, --raw sends plain text)")

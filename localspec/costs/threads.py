@@ -88,6 +88,7 @@ class ThreadGovernor:
         self.relative, self.fastest = relative, float("inf")  # the fastest single-token pass seen
         self.cores = cores or os.cpu_count() or max_threads
         self.down_hold_s, self.down_after = self.PROBE_S, 0.0  # after a trial downwards that did not pay
+        self.last_s = 0.0  # the latest pass's slowdown
         self.threads = max_threads
         self.score: dict[int, float] = {}  # thread count -> running slowdown
         self.passes = 0  # passes at the current count since it was chosen
@@ -114,8 +115,8 @@ class ThreadGovernor:
         deep makes every pass dearer, which read as load and cost a trial at
         one thread. The first passes of a run at the full count on a quiet machine set what this depth costs."""
         self.scale = 1.0
-        self.others_busy()  # a fresh window for the quiet check
         self.calibrating = [] if self.threads == self.max_threads and self.trial_from is None else None
+        self.others_busy()  # a fresh window for the quiet check
 
     def _calibrate(self, s: float) -> bool:
         """Collect the run's first slowdowns; True while still collecting (they judge nothing yet)."""
@@ -202,8 +203,6 @@ class ThreadGovernor:
 
     def _too_many(self, busy: float | None, n: int) -> bool:
         return self.clock() >= self.down_after and busy is not None and self.cores - busy < n - self.OVERSUBSCRIBED
-
-    last_s = 0.0  # the latest pass's slowdown
 
     def _try(self, n: int, why: str) -> None:
         if n < self.threads and self.threads in self.score:  # load that just came shows in the latest pass first
