@@ -1,0 +1,158 @@
+"""Tiny random-weight GGUFs of any architecture llama.cpp loads (mamba, mamba2, lfm2, qwen35...), for tests.
+
+The metadata (hyperparameters and tests/tinygguf.py's vocabulary) is written with the `gguf` package;
+llama.cpp itself then creates every tensor the architecture needs at the shapes it expects
+(`llama_model_init_from_user`), this module fills them from a seed, and llama.cpp saves the file
+(`llama_model_save_to_file`), as llama.cpp's own test-llama-archs does. A perturbed draft is the same
+weights plus scaled noise, so its drafts agree with the target's tokens part of the time.
+
+    build_tiny_arch(path, "qwen35", seed=0)                -> a hybrid target
+    build_tiny_arch(path, "qwen35", seed=0, perturb=0.3)   -> a draft that disagrees now and then
+"""
+
+from __future__ import annotations
+
+import ctypes
+import zlib
+from pathlib import Path
+
+import numpy as np
+
+from tinygguf import CHATML, N_CTX_TRAIN, tiny_vocab
+
+ARCHS = ("mamba", "mamba2", "lfm2", "qwen35", "granitehybrid", "nemotron_h")
+WIDTH, N_LAYER, N_HEAD, N_FF = 64, 4, 4, 128
+F32, F16 = 0, 1  # ggml_type
+
+
+def _hparams(w, arch: str) -> None:
+    """The keys each architecture's loader reads, as test-llama-archs sets them."""
+    a = arch
+    w.add_uint32(f"{a}.context_length", N_CTX_TRAIN)
+    w.add_uint32(f"{a}.embedding_length", WIDTH)
+    w.add_uint32(f"{a}.block_count", N_LAYER)
+    w.add_uint32(f"{a}.feed_forward_length", N_FF)
+    w.add_float32(f"{a}.attention.layer_norm_rms_epsilon", 1e-5)
+    w.add_float32(f"{a}.attention.layer_norm_epsilon", 1e-5)
+    # hybrids: every other layer attends, the first too (per-layer head counts, 0 = recurrent); qwen35 by its interval
+    heads = [N_HEAD if i % 2 == 0 else 0 for i in range(N_LAYER)]
+    if a in ("lfm2", "granitehybrid", "nemotron_h"):
+        w.add_array(f"{a}.attention.head_count", heads)
+        w.add_array(f"{a}.attention.head_count_kv", heads)
+    else:
+        w.add_uint32(f"{a}.attention.head_count", N_HEAD)
+        w.add_uint32(f"{a}.attention.head_count_kv", N_HEAD)
+    w.add_uint32(f"{a}.rope.dimension_count", WIDTH // N_HEAD)
+    w.add_uint32(f"{a}.full_attention_interval", 2)
+    w.add_uint32(f"{a}.ssm.conv_kernel", 4)
+    w.add_uint32(f"{a}.ssm.inner_size", 256 if a == "qwen35" else 2 * WIDTH)
+    w.add_uint32(f"{a}.ssm.state_size", 64 if a == "qwen35" else 16)  # qwen35: heads x state = inner size
+    w.add_uint32(f"{a}.ssm.time_step_rank", N_HEAD)
+    w.add_uint32(f"{a}.ssm.group_count", 2 if a != "mamba" else 0)
+    w.add_uint32(f"{a}.shortconv.l_cache", 3)
+    w.add_array(f"{a}.rope.dimension_sections", [4, 2, 2, 0])  # qwen35's multi-section rope
+
+
+def _metadata(path: Path, arch: str, chat_template: str | None) -> None:
+    import gguf
+
+    tokens, scores, types = tiny_vocab()
+    w = gguf.GGUFWriter(str(path), arch)
+    w.add_name(f"tiny-{arch}")
+    _hparams(w, arch)
+    w.add_tokenizer_model("llama")
+    w.add_token_list(tokens)
+    w.add_token_scores(scores)
+    w.add_token_types(types)
+    w.add_bos_token_id(1)
+    w.add_eos_token_id(4)
+    w.add_unk_token_id(0)
+    w.add_add_bos_token(True)
+    w.add_add_eos_token(False)
+    if chat_template:
+        w.add_chat_template(chat_template)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.close()
+
+
+def _libggml():
+    import llama_cpp
+
+    lib = ctypes.CDLL(str(Path(llama_cpp.__file__).parent / "lib" / "libggml-base.so"))
+    lib.gguf_init_from_file.restype = ctypes.c_void_p
+    lib.gguf_init_from_file.argtypes = [ctypes.c_char_p, _InitParams]
+    lib.gguf_free.argtypes = [ctypes.c_void_p]
+    lib.ggml_get_name.restype = ctypes.c_char_p
+    lib.ggml_get_name.argtypes = [ctypes.c_void_p]
+    lib.ggml_nelements.restype = ctypes.c_int64
+    lib.ggml_nelements.argtypes = [ctypes.c_void_p]
+    lib.ggml_nbytes.restype = ctypes.c_size_t
+    lib.ggml_nbytes.argtypes = [ctypes.c_void_p]
+    lib.ggml_backend_tensor_set.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_size_t]
+    return lib
+
+
+class _InitParams(ctypes.Structure):
+    _fields_ = [("no_alloc", ctypes.c_bool), ("ctx", ctypes.c_void_p)]
+
+
+def _values(name: str, n: int, seed: int, perturb: float) -> np.ndarray:
+    """A tensor's values from the seed and its name; norms around 1, decays negative, outputs peaked."""
+    rng = np.random.default_rng([seed, zlib.crc32(name.encode())])
+    a = rng.standard_normal(n).astype(np.float32)
+    if perturb:
+        noise = np.random.default_rng([seed + 1000, zlib.crc32(name.encode())])
+        a = a + noise.standard_normal(n).astype(np.float32) * perturb
+    if "norm" in name:
+        return 1.0 + 0.1 * a
+    if "ssm_a" in name:
+        return -np.abs(a)
+    if name.startswith("output.") or name.startswith("token_embd"):
+        return a * (4.0 / np.sqrt(WIDTH) if name.startswith("output.") else 1.0)
+    return a * (1.0 / np.sqrt(WIDTH))
+
+
+def build_tiny_arch(path: str | Path, arch: str, seed: int = 0, perturb: float = 0.0,
+                    chat_template: str | None = CHATML) -> Path:
+    from localspec.backend.model import llama
+
+    L = llama()  # llama.cpp's log kept quiet
+    path = Path(path)
+    meta = path.with_suffix(".meta.gguf")
+    _metadata(meta, arch, chat_template)
+    lib = _libggml()
+    ctx = lib.gguf_init_from_file(str(meta).encode(), _InitParams(True, None))
+    if not ctx:
+        raise RuntimeError(f"could not read {meta}")
+
+    @L.llama_model_set_tensor_data_t
+    def fill(tensor, _ud):
+        name = lib.ggml_get_name(tensor).decode()
+        n = lib.ggml_nelements(tensor)
+        kind = ctypes.c_int.from_address(tensor).value  # ggml_tensor's first field: its type
+        vals = _values(name, n, seed, perturb)
+        data = vals.astype(np.float16 if kind == F16 else np.float32)
+        lib.ggml_backend_tensor_set(tensor, data.ctypes.data, 0, lib.ggml_nbytes(tensor))
+
+    params = L.llama_model_default_params()
+    params.n_gpu_layers = 0
+    try:
+        model = L.llama_model_init_from_user(ctypes.c_void_p(ctx), fill, None, params)
+        if not model:
+            raise RuntimeError(f"llama.cpp could not build a tiny {arch}")
+        L.llama_model_save_to_file(model, str(path).encode())
+        L.llama_model_free(model)
+    finally:
+        lib.gguf_free(ctx)
+        meta.unlink(missing_ok=True)
+    return path
+
+
+if __name__ == "__main__":  # python tests/tinyarch.py DIR ARCH...
+    import sys
+
+    out = Path(sys.argv[1])
+    out.mkdir(parents=True, exist_ok=True)
+    for arch in sys.argv[2:] or ARCHS:
+        print(build_tiny_arch(out / f"tiny-{arch}.gguf", arch))
