@@ -370,6 +370,17 @@ class SeqView:
     def truncate(self, n: int) -> None:
         self.ctx.truncate(n, self.seq)
 
+    def checkpoint(self, brief: bool = False) -> None:
+        self.ctx.checkpoint(self.seq, brief)
+
+    def reusable(self, n: int) -> int:
+        return self.ctx.reusable(n, self.seq)
+
+    # a recurrent model's checkpoints of this sequence, the context's rollback kind and miss costs (rollback.py)
+    ckpts = property(lambda self: self.ctx.seq_ckpts[self.seq])
+    rollback = property(lambda self: self.ctx.rollback)
+    miss = property(lambda self: self.ctx.miss)
+
     def sync(self, tokens: list[int], should_stop=None, step: int = 128, background: bool = False) -> int:
         return sync_cache(self, tokens, should_stop, step, background)
 
@@ -379,8 +390,8 @@ class SeqView:
     def snapshot(self):
         return self.ctx.snapshot(self.seq)
 
-    def restore(self, state, tokens: list[int], cuts=None) -> bool:
-        return self.ctx.restore(state, tokens, self.seq, cuts)
+    def restore(self, state, tokens: list[int], cuts=None, ckpts=None) -> bool:
+        return self.ctx.restore(state, tokens, self.seq, cuts, ckpts)
 
     def reset(self) -> None:
         self.ctx.clear(self.seq)

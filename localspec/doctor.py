@@ -142,7 +142,7 @@ def default_pair_state() -> dict[str, Any]:
 
     try:
         spec = models.get_pair(models.DEFAULT_PAIR)
-        files = [s.__dict__ for s in models.pair_status(spec)]
+        files = [dict(s.__dict__, rollback=_rollback(s.path)) for s in models.pair_status(spec)]
     except Exception as e:  # a broken user pair file must not stop the doctor
         return {"name": models.DEFAULT_PAIR, "error": str(e)}
     return {"name": spec.name, "files": files}
@@ -259,6 +259,17 @@ def placement(choice) -> dict[str, Any]:
         session.close()
 
 
+def _rollback(path) -> str | None:
+    """How a rejected draft is rolled back on this file's architecture (None: no file to read)."""
+    from .models.archs import rollback_of
+    from .models.gguf_header import read_header_file
+
+    try:
+        return rollback_of(read_header_file(path).architecture) if path else None
+    except Exception:  # a damaged file is the files check's to report
+        return None
+
+
 def format_report(r: dict[str, Any]) -> str:
     gb = lambda n: "?" if n is None else f"{n / 1e9:.1f} GB"  # noqa: E731
     b = r["llama_cpp"]
@@ -278,7 +289,7 @@ def format_report(r: dict[str, Any]) -> str:
     for f in pair.get("files", []):
         where = f["path"] or {"bundle-chunks": "bundle installed, assembled on first use",
                               "missing": "missing"}.get(f["state"], f["state"])
-        lines.append(f"  {f['role']:<6} {f['state']:<13} {where}")
+        lines.append(f"  {f['role']:<6} {f['state']:<13} {where}" + (f" (rollback: {f['rollback']})" if f.get("rollback") else ""))
     m = r["measurements"]
     lines.append(f"measured on this machine: {m['profiles']} pass-cost profile(s), {m['kernels']} attention-kernel "
                  "choice(s) (measured while idle, never before an answer)")

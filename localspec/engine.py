@@ -270,7 +270,8 @@ class Engine:
             # priced alike whatever this machine measured and runs now; or, before it measured anything, drafting
             # only where it pays on any machine of its kind (a long copy, a predicted output)
             return drafter, make_policy(cfg, self.reference, drafter, min_match=REPEATABLE_MIN_MATCH)
-        return drafter, make_policy(cfg, self.profile.at_depth(depth), drafter, self._others_in_step(lane))
+        costs = self.profile.at_depth(depth)
+        return drafter, make_policy(cfg, costs, drafter, self._others_in_step(lane), miss=_miss_cost(lane, costs))
 
     def _others_in_step(self, lane: Lane):
         """How many other lanes' passes share each step (a server's, serving.py); None: this lane's alone."""
@@ -376,3 +377,10 @@ class Engine:
         for x in (self.target, self.draft_ctx, self.target_model, self.draft_model):
             if x is not None:
                 x.close()
+
+
+def _miss_cost(lane: Lane, costs):
+    """Seconds a rejected draft costs to roll back on this lane's cache (a recurrent model's: putting a
+    checkpoint back, and the tokens evaluated again with the next pass), as measured so far."""
+    miss, per_token = lane.target.miss, (costs.verify(8) - costs.verify(1)) / 7
+    return lambda: miss.seconds + miss.replay * per_token

@@ -686,10 +686,18 @@ def test_a_background_fill_interrupted_mid_pass_keeps_the_slices_before_it():
     from localspec.backend.passes import Cuts
 
     class Cache:  # its third slice is interrupted by a request
+        rollback = "partial"
+
         def __init__(self):
             self.tokens: list[int] = []
             self.asked: list[bool] = []
             self.cuts = Cuts()
+
+        def reusable(self, n):
+            return n
+
+        def checkpoint(self):
+            pass
 
         def truncate(self, n):
             del self.tokens[n:]

@@ -8,7 +8,8 @@ n_ctx x n_vocab float array (2.5 GB at 4k context for Qwen's 151,936-token vocab
 """
 
 from . import exact
-from .context import Context, common_prefix, fill_to_answer, sync_cache
+from .context import Context
+from .fill import common_prefix, fill_to_answer, sync_cache
 from .grammar import GrammarSampler
 from .model import MappedPageReleaser, Model, add_rpc_servers, llama, system_info
 

@@ -12,11 +12,15 @@ import numpy as np
 
 from ..errors import ContextFullError, ModelLoadError, PassInterrupted
 from .model import Model
-from .passes import Cuts, boundaries, pass_ends, reuse_point
+from . import rollback
+from .fill import common_prefix, sync_cache
+from .passes import Cuts
+from .rollback import PARTIAL, SNAPSHOT, Checkpoints, MissCost
 
 
 FLASH_ATTN = {"auto": -1, "off": 0, "on": 1}  # llama_flash_attn_type
 KV_TYPES = {"f16": 1, "bf16": 30}  # ggml_type of the K and V caches
+OWED_MAX = 8  # a verify pass carries at most this many owed tokens (they would otherwise pile up, miss after miss)
 
 
 class Context:
@@ -40,6 +44,8 @@ class Context:
         cp.no_perf = True
         cp.flash_attn_type = FLASH_ATTN[flash_attn]
         cp.type_k = cp.type_v = KV_TYPES[kv_type]
+        if rollback.recurrent(L, model.ptr):  # llama.cpp keeps none where the architecture has no support
+            cp.n_rs_seq = rollback.SNAPSHOTS
         self.ptr = L.llama_init_from_model(model.ptr, cp)
         if not self.ptr:
             raise ModelLoadError(f"llama.cpp could not create a {n_ctx}-token context for {model.path.name} "
@@ -55,9 +61,20 @@ class Context:
         self.batch = L.llama_batch_init(n_batch, 0, 1)
         for i in range(n_batch):
             self.batch.n_seq_id[i] = 1
-        self.seq_tokens: dict[int, list[int]] = {s: [] for s in range(n_seq)}
-        self.seq_cuts: dict[int, Cuts] = {s: Cuts() for s in range(n_seq)}  # how each one's rows were computed
+        # per sequence: its tokens, how their rows were computed (passes.py); a recurrent model's checkpoints,
+        # the tokens its last pass put in (snapshots reach back within that pass only, once), and the tail a
+        # rollback by checkpoint left to evaluate again, which goes in with the sequence's next pass
+        # (llama-server's replay as the next batch), so a miss costs no pass of its own
+        self.seq_tokens: dict[int, list[int]] = {}
+        self.seq_cuts: dict[int, Cuts] = {}
+        self.seq_ckpts: dict[int, Checkpoints] = {}
+        self._last_pass: dict[int, int] = {}
+        self._owed: dict[int, list[int]] = {}
+        for s in range(n_seq):
+            self._forget(s)
         self.lock = threading.RLock()
+        self.rollback, self.n_rs = rollback.classify(L, model.ptr, self.ptr)  # how a rejected tail goes
+        self.miss = MissCost()
         self.decode_s = 0.0  # wall time spent inside llama_decode (for the overhead figure)
         self.n_decode = 0
         self.observer = None  # called with (tokens, seconds) after each llama_decode (threads.ThreadGovernor)
@@ -74,26 +91,18 @@ class Context:
     VERIFY_SHAPES = (1, 2, 4, 8, 16)
     pad_verify = False  # pad "all"-logits passes to VERIFY_SHAPES (LoadConfig.verify_buckets)
 
-    @property
-    def tokens(self) -> list[int]:
-        return self.seq_tokens[0]
-
-    @property
-    def cuts(self) -> Cuts:
-        return self.seq_cuts[0]
-
-    @property
-    def turn_starts(self) -> frozenset[int]:
-        return self.model.turn_starts
+    # the default sequence's tokens, how its rows were computed and its checkpoints; the model's turn starts
+    tokens = property(lambda self: self.seq_tokens[0])
+    cuts = property(lambda self: self.seq_cuts[0])
+    ckpts = property(lambda self: self.seq_ckpts[0])
+    turn_starts = property(lambda self: self.model.turn_starts)
 
     def eval(self, tokens: list[int], logits: str = "last", seq: int = 0,
              stop: Callable[[], bool] | None = None) -> np.ndarray | None:
-        """Append `tokens` to sequence `seq`. logits: "none" | "last" | "all" (rows for `tokens`).
-        `stop`: background work's question whether to give way; asked while the pass runs, it ends
-        the pass inside llama_decode (PassInterrupted, the pass rolled back).
-        Returns a (rows, n_vocab) float32 array (a copy) or None. With `pad_verify`, an "all" pass is
-        padded with copies of its last token up to the next shape (the padding stays in the cache,
-        past the confirmed text, until the caller truncates it, as it does every draft)."""
+        """Append `tokens` to sequence `seq`; a (rows, n_vocab) float32 copy of the rows logits asks for ("none",
+        "last", "all"), or None. `stop`: background work's question whether to give way, asked while the pass
+        runs (PassInterrupted, the pass rolled back). With `pad_verify`, an "all" pass is padded with copies of
+        its last token up to the next shape (in the cache past the confirmed text, until truncated)."""
         if not tokens:
             return None
         if self.pad_verify and logits == "all" and len(tokens) < self.n_batch:
@@ -123,13 +132,16 @@ class Context:
                 if len(self.seq_tokens[seq]) + len(toks) > self.n_ctx:
                     raise ContextFullError(f"context full ({self.n_ctx} tokens); start a new conversation "
                                            "or raise --ctx-size")
+            self._before_pass(parts)
             i, starts, rows = 0, [], []
             for seq, toks, mode in parts:
-                n0 = len(self.seq_tokens[seq])
+                owed = self._owed[seq]
+                n0 = len(self.seq_tokens[seq]) - len(owed)
                 starts.append(n0)
-                for j, t in enumerate(toks):
+                for j, t in enumerate(owed + toks):
+                    own = j - len(owed)  # the part's own tokens' rows come back, the owed ones' do not
                     b.token[i], b.pos[i], b.seq_id[i][0] = t, n0 + j, seq
-                    b.logits[i] = mode == "all" or (mode == "last" and j == len(toks) - 1)
+                    b.logits[i] = own >= 0 and (mode == "all" or (mode == "last" and own == len(toks) - 1))
                     i += 1
                 rows.append(len(toks) if mode == "all" else 1 if mode == "last" and toks else 0)
             b.n_tokens = i
@@ -160,9 +172,22 @@ class Context:
             self.n_decode += 1
             for seq, toks, _ in parts:
                 self.seq_tokens[seq].extend(toks)
+                self._last_pass[seq] = len(self._owed[seq]) + len(toks)
+                self._owed[seq] = []
         if self.observer is not None:
             self.observer(i, dt)
         return outs
+
+    def _before_pass(self, parts) -> None:
+        """A recurrent sequence's state saved before a verify pass that snapshots do not cover (its rejected
+        tail comes back to it); owed tokens evaluated first when they would not fit the batch or pile up."""
+        big = sum(len(t) + len(self._owed[s]) for s, t, _ in parts) > self.n_batch
+        for seq, toks, mode in parts:
+            verify = mode == "all" and len(toks) > 1 and not self._snapshots_cover(seq, len(toks) - 1, len(toks))
+            if big or (verify and len(self._owed[seq]) > OWED_MAX):
+                self._settle(seq)
+            if verify:
+                self.checkpoint(seq, brief=True)
 
     def _decode(self, batch, abort: Callable[[], bool] | None) -> int:
         if abort is None:
@@ -203,69 +228,163 @@ class Context:
             self._batch_now = want
 
     def truncate(self, n: int, seq: int = 0) -> None:
-        """Drop the sequence's cached positions >= n (the rejected tail of a draft)."""
+        """Drop the sequence's cached positions >= n (the rejected tail of a draft): cells dropped, or a
+        recurrent state rolled back by snapshot, or by checkpoint and replay (rollback.py)."""
         with self.lock:
-            toks = self.seq_tokens[seq]
-            if n < len(toks):
-                if not self.L.llama_memory_seq_rm(self.mem, seq, n, -1):
-                    # a recurrent model cannot drop a partial tail: start the sequence again
-                    self.L.llama_memory_seq_rm(self.mem, seq, -1, -1)
-                    keep, self.seq_tokens[seq] = toks[:n], []
-                    self.eval(keep, logits="none", seq=seq)
-                    self.seq_cuts[seq].truncate(n)  # its rows now from one pass: none reused as a fresh one's
-                    self.seq_cuts[seq].at, self.seq_cuts[seq].dirty_from = [n], 0
+            toks, owed = self.seq_tokens[seq], self._owed[seq]
+            if n >= len(toks):
+                return
+            if owed:  # dropping what is still owed costs nothing
+                real = len(toks) - len(owed)
+                del toks[max(n, real):], owed[max(n - real, 0):]
+                if n >= real:
+                    self.seq_cuts[seq].truncate(n)
                     return
-                del toks[n:]
-                self.seq_cuts[seq].truncate(n)
+            if self.rollback == PARTIAL or self._snapshots_cover(seq, len(toks) - n):
+                if self.L.llama_memory_seq_rm(self.mem, seq, n, -1):
+                    self._dropped(seq, n)
+                    return
+            t0 = time.perf_counter()
+            self.miss.record(t0, self._roll_back(n, seq))
+
+    def _dropped(self, seq: int, n: int) -> None:  # cells after n gone
+        del self.seq_tokens[seq][n:]
+        self.seq_cuts[seq].truncate(n)
+        self.seq_ckpts[seq].drop_after(n)
+        self._last_pass[seq] = 0  # a snapshot is good for one rollback only
+
+    def _snapshots_cover(self, seq: int, back: int, pass_len: int | None = None) -> bool:
+        """Can llama.cpp's snapshots take it `back` tokens back? Within its last pass (pass_len tokens), once."""
+        pass_len = self._last_pass[seq] if pass_len is None else pass_len
+        return self.rollback == SNAPSHOT and 0 < back <= min(self.n_rs, pass_len - 1)
+
+    def _roll_back(self, n: int, seq: int) -> int:
+        """A recurrent sequence back to n tokens: its latest checkpoint at or before n, the tokens after it owed;
+        with none, the whole kept text evaluated (the last resort, counted). Returns how many go in again."""
+        toks = self.seq_tokens[seq]
+        keep, best = toks[:n], self.seq_ckpts[seq].best(n)
+        if best is not None and rollback.load_state(self.L, self.ptr, seq, best[1]) \
+                and self.L.llama_memory_seq_rm(self.mem, seq, best[0], -1):
+            p = best[0]
+            self._dropped(seq, p)
+        else:
+            self.miss.fallbacks += 1
+            self.L.llama_memory_seq_rm(self.mem, seq, -1, -1)
+            self.seq_tokens[seq], self.seq_ckpts[seq], p = [], Checkpoints(), 0
+            self.eval(keep, logits="none", seq=seq)  # in passes of its own: it can be long
+            cuts = self.seq_cuts[seq]
+            cuts.truncate(n)
+            cuts.at, cuts.dirty_from = [n], 0  # its rows now from one pass: none reused as a fresh one's
+            return n
+        if p < n:  # evaluated again with the next pass
+            self.seq_tokens[seq], self._owed[seq] = list(keep), keep[p:]
+            self.seq_cuts[seq].truncate(n)
+            self.seq_cuts[seq].dirty(p)  # rows after p come from another pass than before
+        return n - p
+
+    def _settle(self, seq: int) -> None:  # what a rollback left owed evaluated now, in a pass of its own
+        owed = self._owed[seq]
+        if owed:
+            self._owed[seq], self.seq_tokens[seq] = [], self.seq_tokens[seq][:-len(owed)]
+            self.eval(owed, logits="none", seq=seq)
+
+    def checkpoint(self, seq: int = 0, brief: bool = False) -> None:
+        """Save a recurrent sequence's state here: a later prompt (or the next rejected draft)
+        can come back to this point without evaluating what precedes it (nothing to do for a transformer).
+        `brief`: one the next rejected draft comes back to, dropped once two newer ones are kept."""
+        if self.rollback == PARTIAL:
+            return
+        with self.lock:
+            pos = len(self.seq_tokens[seq]) - len(self._owed[seq])  # where the state is
+            ckpts = self.seq_ckpts[seq]
+            if pos == 0 or ckpts.has(pos):
+                return
+            state = rollback.save_state(self.L, self.ptr, seq)
+            if state is not None:
+                ckpts.add(pos, state, brief)
+
+    def reusable(self, n: int, seq: int = 0) -> int:
+        """The longest prefix, up to n tokens, the sequence can keep without evaluating anything again."""
+        toks = self.seq_tokens[seq]
+        if self.rollback == PARTIAL or n >= len(toks) - len(self._owed[seq]) or self._snapshots_cover(seq, len(toks) - n):
+            return n
+        best = self.seq_ckpts[seq].best(n)
+        return best[0] if best is not None else 0
 
     def sync(self, tokens: list[int], should_stop=None, step: int = 128, background: bool = False) -> int:
         return sync_cache(self, tokens, should_stop, step, background)
 
     def copy_prefix(self, src: int, dst: int, tokens: list[int]) -> int:
         """Make sequence `dst` hold the longest prefix of `tokens` that sequence `src` holds, sharing its
-        cells (in a unified cache a copy costs no memory and no time). Returns that prefix's length."""
+        cells (in a unified cache a copy costs no memory and no time). Returns that prefix's length.
+        A recurrent state is never shared (llama.cpp would hand `dst` the whole of `src`'s): `dst` gets
+        the attention cells up to one of `src`'s checkpoints and that checkpoint's state as its own."""
         with self.lock:
+            self._settle(src)
             n = common_prefix(self.seq_tokens[src], tokens)
             self.L.llama_memory_seq_rm(self.mem, dst, -1, -1)
+            self._owed[dst] = []
+            self.seq_tokens[dst], self.seq_cuts[dst], self.seq_ckpts[dst] = [], Cuts(), Checkpoints()
+            self._last_pass[dst] = 0
+            state = None
+            if self.rollback != PARTIAL:
+                if n == len(self.seq_tokens[src]):
+                    self.checkpoint(src)
+                best = self.seq_ckpts[src].best(n)
+                n, state = best if best is not None else (0, None)
+            if n == 0:
+                return 0
             self.L.llama_memory_seq_cp(self.mem, src, dst, 0, n)
+            if state is not None and not rollback.load_state(self.L, self.ptr, dst, state):
+                self.clear(dst)
+                return 0
             self.seq_tokens[dst] = self.seq_tokens[src][:n]
             self.seq_cuts[dst] = self.seq_cuts[src].copy(n)
+            self.seq_ckpts[dst] = self.seq_ckpts[src].copy(n)
             return n
 
     def snapshot(self, seq: int = 0):
         """The KV state of a sequence (llama_state_seq_get_data) in a ctypes byte array, to restore later."""
         L = self.L
         with self.lock:
+            self._settle(seq)
             size = L.llama_state_seq_get_size(self.ptr, seq)
             buf = (ctypes.c_uint8 * size)()
             if L.llama_state_seq_get_data(self.ptr, buf, size, seq) != size:
                 raise ModelLoadError("llama.cpp could not copy the KV cache")
-        return buf
+            return buf
 
-    def restore(self, state, tokens: list[int], seq: int = 0, cuts: Cuts | None = None) -> bool:
+    def restore(self, state, tokens: list[int], seq: int = 0, cuts: Cuts | None = None,
+                ckpts: Checkpoints | None = None) -> bool:
         """Put back a snapshot taken when a sequence held `tokens` (its rows computed as `cuts` says; unknown:
-        a prompt reuses none of them until cut as its own); False (sequence emptied) if it does not fit."""
+        a prompt reuses none of them until cut as its own; a recurrent model's checkpoints with it, to roll
+        back into it); False (sequence emptied) if it does not fit."""
         L = self.L
         with self.lock:
             L.llama_memory_seq_rm(self.mem, seq, -1, -1)
             if not L.llama_state_seq_set_data(self.ptr, state, len(state), seq):
                 self.clear(seq)
                 return False
-            self.seq_tokens[seq] = list(tokens)
-            self.seq_cuts[seq] = cuts.copy(len(tokens)) if cuts is not None else Cuts()
+            self._forget(seq, tokens, cuts, ckpts)
             return True
+
+    def _forget(self, seq: int, tokens=(), cuts: Cuts | None = None, ckpts: Checkpoints | None = None) -> None:
+        """A sequence's record set afresh: what its cells (the caller's to set) now hold."""
+        self.seq_tokens[seq] = list(tokens)
+        self.seq_cuts[seq] = cuts.copy(len(tokens)) if cuts is not None else Cuts()
+        self.seq_ckpts[seq] = ckpts.copy(len(tokens)) if ckpts is not None else Checkpoints()
+        self._last_pass[seq], self._owed[seq] = 0, []
 
     def clear(self, seq: int = 0) -> None:
         with self.lock:
             self.L.llama_memory_seq_rm(self.mem, seq, -1, -1)
-            self.seq_tokens[seq] = []
-            self.seq_cuts[seq] = Cuts()
+            self._forget(seq)
 
     def reset(self) -> None:
         with self.lock:
             self.L.llama_memory_clear(self.mem, True)
-            self.seq_tokens = {s: [] for s in range(self.n_seq)}
-            self.seq_cuts = {s: Cuts() for s in range(self.n_seq)}
+            for seq in range(self.n_seq):
+                self._forget(seq)
 
     def close(self) -> None:
         if getattr(self, "ptr", None):
@@ -279,82 +398,3 @@ class Context:
             self.close()
         except Exception:
             pass
-
-
-def sync_cache(cache, tokens: list[int], should_stop=None, step: int = 128, background: bool = False) -> int:
-    """Make a cache (a Context's sequence 0, or one sequence of a shared one) hold exactly `tokens`,
-    reusing the longest common prefix (prompt cache across chat turns). Returns how many tokens had to
-    be evaluated. With `should_stop`, the evaluation goes `step` tokens at a time and ends early (the
-    cache then holds a prefix of `tokens`) when it says so: background work gives way to a request, and
-    with `background` its passes are asked too while they run (a request's own fill, which stops only
-    when its client hangs up, is not: `should_stop` is then asked between slices)."""
-    n = common_prefix(cache.tokens, tokens)
-    _begin(cache, n, clean=False)
-    _evaluate(cache, tokens, n, _slices(n, len(tokens), step, should_stop), "none", should_stop, background)
-    return len(cache.tokens) - n
-
-
-def fill_to_answer(cache, tokens: list[int], should_stop=None, step: int = 128,
-                   repeatable: bool = False) -> tuple[int, np.ndarray | None]:
-    """sync_cache for a prompt about to be answered: the prompt's last token goes in the prompt's own
-    (last) pass, and that pass's last logits row, the first token's distribution, comes back with the
-    count of tokens evaluated; None when `should_stop` ended the fill first. Evaluated alone, as the
-    first round's pass, that token would cost a whole decode step where one more row of the prompt's pass
-    costs little: llama-server's first token comes from the prompt's pass too. `repeatable` (a greedy
-    request's): the prompt goes in the passes a fresh evaluation makes (passes.py), so its answer does not
-    depend on what the cache held; otherwise as much of the cache as matches is reused, as llama-server does."""
-    shared = common_prefix(cache.tokens, tokens)
-    if repeatable:
-        bounds = boundaries(tokens, cache.turn_starts, step)
-        n = reuse_point(cache.cuts, shared, len(tokens), bounds)
-        ends, clean = pass_ends(bounds, n, len(tokens)), n == 0 or n in bounds
-    else:
-        n = min(shared, len(tokens) - 1)
-        ends, clean = _slices(n, len(tokens), step, should_stop), False
-    _begin(cache, n, clean)
-    row = _evaluate(cache, tokens, n, ends, "last", should_stop, False)
-    cache.cuts.decoded(len(cache.tokens))  # what follows is the answer's
-    return len(cache.tokens) - n, row
-
-
-def _slices(start: int, length: int, step: int, should_stop) -> list[int]:
-    """Pass ends every `step` tokens when the fill may be stopped between them, else one pass."""
-    return [*range(start + step, length, step), length] if should_stop is not None else [length]
-
-
-def _begin(cache, n: int, clean: bool) -> None:
-    """Keep the first n cached rows, from where the fill begins; rows after n come from its passes, which
-    a fresh evaluation makes too only when `clean`."""
-    cache.truncate(n)
-    cuts = cache.cuts
-    if clean or (cuts.dirty_from is not None and cuts.dirty_from < n):  # else a pass before may straddle n
-        cuts.add(n)
-    if not clean:
-        cuts.dirty(n)
-
-
-def _evaluate(cache, tokens: list[int], start: int, ends: list[int], logits: str, should_stop,
-              background: bool) -> np.ndarray | None:
-    """Evaluate tokens[start:] in passes ending at `ends`, asking `should_stop` between them; with logits
-    "last", the last row once every token went in (None if it stopped first)."""
-    out = None
-    for a, b in zip([start, *ends], ends):
-        if a >= b:
-            continue
-        if should_stop is not None and should_stop():
-            return None
-        try:
-            out = cache.eval(tokens[a:b], logits=logits if b == ends[-1] else "none",
-                             stop=should_stop if background else None)
-        except PassInterrupted:  # a request came while the pass ran: it was given up, rolled back
-            return None
-        cache.cuts.add(b)
-    return None if out is None else out[-1]
-
-
-def common_prefix(a: list[int], b: list[int]) -> int:
-    n = min(len(a), len(b))
-    i = 0
-    while i < n and a[i] == b[i]:
-        i += 1
-    return i

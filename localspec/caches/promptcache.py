@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 
 from ..backend import Context, common_prefix
 from ..backend.passes import Cuts
+from ..backend.rollback import Checkpoints, reach
 from .. import paths
 from .promptdisk import SAVE_MIN, DiskPrompts, pair_key
 
@@ -42,6 +43,7 @@ class Snapshot:
     state: object  # the ctypes byte array Context.snapshot returned
     used: int = 0
     cuts: Cuts = field(default_factory=Cuts)  # how its rows were computed (backend/passes.py)
+    ckpts: Checkpoints | None = None  # a recurrent model's checkpoints within it (backend/rollback.py)
 
 
 @dataclass
@@ -78,26 +80,29 @@ class PromptCache:
             return self._prepare(tokens, cache if cache is not None else self.ctx)
 
     def _prepare(self, tokens: list[int], cache) -> CacheUse:
-        use = CacheUse()
-        live = common_prefix(cache.tokens, tokens)
+        use, kind = CacheUse(), cache.rollback
+        live = cache.reusable(common_prefix(cache.tokens, tokens))
         donor, donor_n = None, live + GAIN_MIN - 1  # another lane's sequence: shared, not copied
         for other in self.lanes:
             n = common_prefix(list(other.tokens), tokens) if other is not cache else 0
+            n = reach(n, len(other.tokens), other.ckpts, kind)
             if n > donor_n:
                 donor, donor_n = other, n
         live = max(live, donor_n if donor else 0)
         best, best_n = None, live
         for e in self.entries:
-            n = common_prefix(e.tokens, tokens)
+            n = reach(common_prefix(e.tokens, tokens), len(e.tokens), e.ckpts, kind)
             if n > best_n:
                 best, best_n = e, n
         if best is not None and not restore_pays(best_n - live, len(best.tokens)):
             best = None
         on_disk, disk_n = self.disk.best(tokens) if self.disk is not None else (None, 0)
+        if on_disk is not None:
+            disk_n = reach(disk_n, len(on_disk.tokens), Checkpoints([(p, None) for p, _ in on_disk.ckpts]), kind)
         if on_disk is not None and disk_n >= max(live, best_n if best else 0) + max(GAIN_MIN, SAVE_MIN // 4):
-            state = self.disk.load(on_disk)
+            state, ckpts = self.disk.load(on_disk)
             if state is not None:
-                best, best_n = Snapshot(on_disk.tokens, state, cuts=on_disk.cuts), disk_n
+                best, best_n = Snapshot(on_disk.tokens, state, cuts=on_disk.cuts, ckpts=ckpts), disk_n
                 if len(state) <= self.budget_bytes:  # used again soon (an agent's next turn): kept in memory too
                     self.entries.append(best)
         if len(cache.tokens) - (best_n if best else live) >= KEEP_MIN:
@@ -105,7 +110,7 @@ class PromptCache:
         if best is not None:
             self.clock += 1
             best.used = self.clock
-            use.restored = cache.restore(best.state, best.tokens, cuts=best.cuts)
+            use.restored = cache.restore(best.state, best.tokens, cuts=best.cuts, ckpts=best.ckpts)
         elif donor is not None:
             use.shared = cache.copy_from(donor, tokens)
         use.entries = len(self.entries)
@@ -117,7 +122,7 @@ class PromptCache:
         cache = cache if cache is not None else self.ctx
         if self.disk is not None and evaluated >= SAVE_MIN and cache.tokens:
             with self.lock:
-                self.disk.save(list(cache.tokens), cache.snapshot(), cache.cuts.copy())
+                self.disk.save(list(cache.tokens), cache.snapshot(), cache.cuts.copy(), cache.ckpts.copy())
 
     def save(self, cache=None) -> int:
         """Snapshot a live sequence (unless a snapshot already covers it); 1 if one was taken."""
@@ -130,7 +135,7 @@ class PromptCache:
             return 0
         self.entries = [e for e in self.entries if common_prefix(e.tokens, toks) < len(e.tokens)]
         self.clock += 1
-        self.entries.append(Snapshot(list(toks), state, self.clock, cache.cuts.copy(len(toks))))
+        self.entries.append(Snapshot(list(toks), state, self.clock, cache.cuts.copy(len(toks)), cache.ckpts.copy()))
         while self.size() > self.budget_bytes:
             self.entries.remove(min(self.entries, key=lambda e: e.used))
         return 1
@@ -145,7 +150,7 @@ class PromptCache:
             cache.reset()
 
     def size(self) -> int:
-        return sum(len(e.state) for e in self.entries)
+        return sum(len(e.state) + (e.ckpts.nbytes() if e.ckpts else 0) for e in self.entries)
 
 
 def prompt_cache_for(lanes, load, target_path, flash_attn: str) -> "PromptCache | None":

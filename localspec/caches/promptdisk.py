@@ -6,8 +6,8 @@ request that evaluated a long prompt, the target's KV state (llama_state_seq_get
 under the data root, with the exact tokens it holds; a later request, in this process or after a
 restart, restores the entry that shares the longest prefix with its prompt and evaluates only the rest.
 
-Each entry is two files: `<id>.kv` (the state) and `<id>.json` (format, the pair's key, the tokens,
-the byte count and a CRC-32), written whole or not at all (temporary names, renamed; the .json last,
+Each entry is two files: `<id>.kv` (the state, then a recurrent model's checkpoints within it) and
+`<id>.json` (format, the pair's key, the tokens, the byte count, a CRC-32 and where the checkpoints are), written whole or not at all (temporary names, renamed; the .json last,
 so an entry exists only once complete). An entry whose key, size or checksum does not match is deleted,
 never loaded. The directory is bounded (`budget_bytes`): the least recently used entries go first.
 """
@@ -26,6 +26,7 @@ from pathlib import Path
 
 from ..backend import common_prefix
 from ..backend.passes import Cuts
+from ..backend.rollback import Checkpoints
 from ..paths import write_atomic
 
 FORMAT = 1
@@ -39,6 +40,7 @@ class DiskEntry:
     size: int
     crc: int
     cuts: Cuts = field(default_factory=Cuts)  # how its rows were computed (a prompt reuses them by these)
+    ckpts: list[tuple[int, int]] = field(default_factory=list)  # (position, bytes) of each checkpoint after the state
 
 
 def pair_key(target_path: str, flash_attn: str = "auto", exact: bool = False) -> str:
@@ -85,8 +87,11 @@ class DiskPrompts:
             kv = meta.with_suffix(".kv")
             if m.get("format") != FORMAT or m.get("key") != self.key or kv.stat().st_size != m["bytes"]:
                 raise ValueError("another format, pair or size")
+            ckpts = [(int(p), int(n)) for p, n in m.get("ckpts", [])]
+            if sum(n for _, n in ckpts) >= int(m["bytes"]):
+                raise ValueError("checkpoints larger than the entry")
             return DiskEntry(kv, [int(t) for t in m["tokens"]], int(m["bytes"]), int(m["crc32"]),
-                             Cuts.from_json(m.get("cuts")))
+                             Cuts.from_json(m.get("cuts")), ckpts)
         except (OSError, ValueError, KeyError, TypeError) as e:
             why = e.strerror if isinstance(e, OSError) and e.strerror else str(e) or type(e).__name__
             self.warn(f"dropping the saved prompt {meta} ({why}); its prompt is evaluated again")
@@ -103,34 +108,36 @@ class DiskPrompts:
                     found, n = e, k
             return found, n
 
-    def load(self, entry: DiskEntry):
-        """The entry's state (a ctypes byte array, as Context.snapshot gives), verified; None (and the
-        entry deleted) when it does not check out."""
+    def load(self, entry: DiskEntry) -> tuple[object, Checkpoints] | tuple[None, None]:
+        """The entry's state (a ctypes byte array, as Context.snapshot gives) and checkpoints, verified;
+        (None, None), and the entry deleted, when it does not check out."""
         try:
             buf = (ctypes.c_uint8 * entry.size)()
             with open(entry.path, "rb") as f:
                 whole = f.readinto(buf) == entry.size and not f.read(1)
             if whole and zlib.crc32(buf) == entry.crc:
                 os.utime(entry.path)  # recently used: the last to go
-                return buf
+                return _split(buf, entry.ckpts)
         except OSError:
             pass
         self.warn(f"dropping the saved prompt {entry.path} (truncated or damaged); its prompt is evaluated again")
         with self.lock:
             self._drop(entry.path)
-        return None
+        return None, None
 
     def covered(self, tokens: list[int]) -> bool:
         return any(common_prefix(e.tokens, tokens) == len(tokens) for e in self._index())
 
-    def save(self, tokens: list[int], state, cuts: Cuts | None = None) -> None:
+    def save(self, tokens: list[int], state, cuts: Cuts | None = None, ckpts: Checkpoints | None = None) -> None:
         """Write the state in a background thread (the next request need not wait for the disk)."""
+        items = ckpts.items if ckpts is not None else []
         with self.lock:
-            if not tokens or self.covered(tokens) or len(state) > self.budget:
+            if not tokens or self.covered(tokens) or len(state) + sum(len(c) for _, c in items) > self.budget:
                 return
-        data = bytes(state)  # a copy: the context's buffer may change before the thread runs
+        data = bytes(state) + b"".join(bytes(c) for _, c in items)  # copies: the context's buffers change
+        where = [(p, len(c)) for p, c in items]
         self.wait()
-        self.writer = threading.Thread(target=self._write, args=(list(tokens), data, cuts or Cuts()),
+        self.writer = threading.Thread(target=self._write, args=(list(tokens), data, cuts or Cuts(), where),
                                        name="localspec-save-prompt", daemon=True)
         self.writer.start()
 
@@ -138,11 +145,11 @@ class DiskPrompts:
         if self.writer is not None:
             self.writer.join()
 
-    def _write(self, tokens: list[int], data: bytes, cuts: Cuts) -> None:
+    def _write(self, tokens: list[int], data: bytes, cuts: Cuts, where: list[tuple[int, int]]) -> None:
         name = hashlib.sha256(json.dumps(tokens).encode()).hexdigest()[:24]
         kv = self.dir / f"{name}.kv"
         meta = {"format": FORMAT, "key": self.key, "bytes": len(data), "crc32": zlib.crc32(data), "tokens": tokens,
-                "cuts": cuts.to_json()}
+                "cuts": cuts.to_json(), "ckpts": where}
         try:
             write_atomic(kv, data)
             write_atomic(kv.with_suffix(".json"), json.dumps(meta))
@@ -153,7 +160,7 @@ class DiskPrompts:
             entries = self._index()
             for e in [e for e in entries if e.path != kv and common_prefix(e.tokens, tokens) == len(e.tokens)]:
                 self._drop(e.path)  # the new entry covers the ones its tokens start with
-            entries[:] = [e for e in entries if e.path != kv] + [DiskEntry(kv, tokens, len(data), meta["crc32"], cuts)]
+            entries[:] = [e for e in entries if e.path != kv] + [DiskEntry(kv, tokens, len(data), meta["crc32"], cuts, where)]
             self._trim(entries)
 
     def _trim(self, entries: list[DiskEntry]) -> None:
@@ -174,3 +181,13 @@ class DiskPrompts:
                 pass
         if self.entries is not None:
             self.entries[:] = [e for e in self.entries if e.path != kv]
+
+
+def _split(buf, where: list[tuple[int, int]]) -> tuple[object, Checkpoints]:
+    """An entry's bytes as its state and its checkpoints (views of the one buffer, no copies)."""
+    end = len(buf) - sum(n for _, n in where)
+    state, ckpts = (ctypes.c_uint8 * end).from_buffer(buf), Checkpoints()
+    for pos, n in where:
+        ckpts.items.append((pos, (ctypes.c_uint8 * n).from_buffer(buf, end)))
+        end += n
+    return state, ckpts

@@ -14,7 +14,7 @@ from __future__ import annotations
 class SwapSpace:
     def __init__(self, ctx):
         self.ctx = ctx
-        self.held: dict[int, tuple[object, list[int], object]] = {}  # seq -> (its KV, its tokens, its cuts)
+        self.held: dict[int, tuple] = {}  # seq -> (its KV, its tokens, its cuts, its checkpoints)
         self.moves = 0  # sequences swapped out so far
 
     def __contains__(self, seq: int) -> bool:
@@ -25,7 +25,7 @@ class SwapSpace:
 
     def out(self, seq: int) -> None:
         tokens = list(self.ctx.seq_tokens[seq])
-        self.held[seq] = (self.ctx.snapshot(seq), tokens, self.ctx.seq_cuts[seq].copy())
+        self.held[seq] = (self.ctx.snapshot(seq), tokens, self.ctx.seq_cuts[seq].copy(), self.ctx.seq_ckpts[seq].copy())
         self.ctx.clear(seq)
         self.moves += 1
 
@@ -36,8 +36,8 @@ class SwapSpace:
             entry = self.held.get(seq)  # a generation that ended meanwhile dropped its own
             if entry is None:
                 continue
-            state, tokens, cuts = entry
-            while not self.ctx.restore(state, tokens, seq, cuts):
+            state, tokens, cuts, ckpts = entry
+            while not self.ctx.restore(state, tokens, seq, cuts, ckpts):
                 if not (make_room and make_room()):
                     return
             self.held.pop(seq, None)

@@ -136,6 +136,8 @@ def cmd_rm(args) -> int:
 
 
 def format_check(result) -> str:
+    from ..models import archs
+
     t, d = result.target, result.draft
     lines = [f"target {t.ref}: {t.architecture} {t.name or ''} ({t.file_type or '?'}), {t.vocab_type} vocab of "
              f"{t.n_tokens} tokens, bos {t.bos}, eos {t.eos}; header {t.header_bytes} bytes"]
@@ -144,6 +146,8 @@ def format_check(result) -> str:
                      f"of {d.n_tokens} tokens, bos {d.bos}, eos {d.eos}; header {d.header_bytes} bytes")
         lines.append("compatible: the draft can speculate for the target" if result.compatible
                      else f"not compatible: {result.mismatch}")
+    lines += [f"{side} rollback: {archs.describe(s.rollback)} (docs/RECURRENT.md)"
+              for side, s in (("target", t), ("draft", d)) if s is not None and s.rollback != archs.PARTIAL]
     if result.suggested_drafts and not result.compatible:
         lines.append("drafts known for this target in models.yaml:")
         lines += [f"  {s['draft']}  (pair {s['pair']})" for s in result.suggested_drafts]

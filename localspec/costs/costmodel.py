@@ -37,6 +37,18 @@ def expected_tokens(alpha: float | list[float], k: int) -> float:
     return total
 
 
+def miss_chance(alpha: float | list[float], k: int) -> float:
+    """The chance that a round drafting k tokens has one rejected (and a tail to roll back)."""
+    if k <= 0:
+        return 0.0
+    if isinstance(alpha, (int, float)):
+        return 1.0 - min(alpha, 1.0) ** k
+    held = 1.0
+    for i in range(k):
+        held *= alpha[i] if i < len(alpha) else alpha[-1]
+    return 1.0 - held
+
+
 @dataclass
 class CostProfile:
     """Measured seconds per pass on one (pair, device, threads)."""
@@ -145,29 +157,33 @@ def predicted_speedup(alpha: float | list[float], k: int, costs: CostProfile, so
     return (expected_tokens(alpha, k) / costs.round_cost(source, k)) / (1.0 / costs.t_decode)
 
 
-def best_k(alpha: float | list[float], k_max: int, costs: CostProfile, source: str) -> tuple[int, float]:
-    """The k in 0..k_max with the most expected tokens per second, and that speedup over plain."""
+def best_k(alpha: float | list[float], k_max: int, costs: CostProfile, source: str,
+           t_miss: float = 0.0) -> tuple[int, float]:
+    """The k in 0..k_max with the most expected tokens per second, and that speedup over plain. t_miss:
+    what rolling a rejected tail back costs on the loaded target beyond dropping it (a recurrent model's
+    checkpoint and replay, backend/rollback.py), paid in the rounds that have a rejection."""
     best, best_rate = 0, 1.0 / costs.verify(1)
     for k in range(1, k_max + 1):
-        rate = expected_tokens(alpha, k) / costs.round_cost(source, k)
+        rate = expected_tokens(alpha, k) / (costs.round_cost(source, k) + miss_chance(alpha, k) * t_miss)
         if rate > best_rate:
             best, best_rate = k, rate
     return best, best_rate * costs.t_decode
 
 
 def best_k_shared(alpha: float | list[float], k_max: int, costs: CostProfile, source: str,
-                  rows: int, others: int) -> tuple[int, float]:
+                  rows: int, others: int, t_miss: float = 0.0) -> tuple[int, float]:
     """best_k for a sequence that shares each pass with `others` sequences putting `rows` tokens in it
     (continuous batching): k drafts make everyone's step cost T(rows + k + 1), so k is chosen for the
     most tokens per second over all of them, (others + E[k]) / T(rows + k + 1), against plain's
     (others + 1) / T(rows + 1). Alone (rows 0) this is best_k."""
     if rows <= 0:
-        return best_k(alpha, k_max, costs, source)
+        return best_k(alpha, k_max, costs, source, t_miss)
     draft = lambda k: 0.0 if k == 0 else k * (costs.t_draft or 0.0) if source == "model" else costs.t_ngram
     plain = (others + 1) / costs.verify(rows + 1)
     best, best_rate = 0, plain
     for k in range(1, k_max + 1):
-        rate = (others + expected_tokens(alpha, k)) / (draft(k) + costs.verify(rows + k + 1))
+        rate = (others + expected_tokens(alpha, k)) / (draft(k) + costs.verify(rows + k + 1)
+                                                       + miss_chance(alpha, k) * t_miss)
         if rate > best_rate:
             best, best_rate = k, rate
     return best, best_rate / plain
@@ -255,6 +271,7 @@ def plausible(t_verify: list[float]) -> bool:
 def timed_pass(ctx, tokens: list[int], logits: str = "all", stop=None) -> float:
     """Seconds for one pass over `tokens` (all logits read back, as verification does), rolled back."""
     base = len(ctx.tokens)
+    ctx.checkpoint()  # a recurrent model comes back here without evaluating the context again (rollback.py)
     t0 = time.perf_counter()
     if stop is not None:  # asked while the pass runs too: a request arriving ends it (PassInterrupted)
         ctx.eval(tokens, logits=logits, stop=stop)

@@ -118,12 +118,12 @@ def measure_when_idle(engine, busy: Callable[[], bool], request: Callable[[], bo
 @contextmanager
 def _kept(ctx):
     """The first sequence's cache (a conversation's) put back after the measurement's passes replaced it."""
-    held = (ctx.snapshot(), list(ctx.tokens), ctx.cuts.copy()) if ctx.tokens else None
+    held = (ctx.snapshot(), list(ctx.tokens), ctx.cuts.copy(), ctx.ckpts.copy()) if ctx.tokens else None
     try:
         yield
     finally:
         if held is not None:
-            ctx.restore(held[0], held[1], cuts=held[2])
+            ctx.restore(held[0], held[1], cuts=held[2], ckpts=held[3])
         else:
             ctx.clear()
 

@@ -246,6 +246,7 @@ def _steady_single_s(ctx, tokens: list[int]) -> float:
 def _timed_singles(ctx, tokens: list[int]) -> list[float]:
     """Seconds for each of len(tokens) single-token passes in a row, then rolled back."""
     base, out = len(ctx.tokens), []
+    ctx.checkpoint()  # a recurrent model comes back here without evaluating the context again (rollback.py)
     for t in tokens:
         t0 = time.perf_counter()
         ctx.eval([t], logits="last")

@@ -61,8 +61,15 @@ class DraftModel:
         ctx = self.ctx  # the first round that drafts with the model loads it
         self._shared = None
         # roll back to the confirmed text, then evaluate what was confirmed since last round
-        ctx.truncate(min(common_prefix(ctx.tokens, seq), len(seq) - 1))
-        logits = ctx.eval(seq[len(ctx.tokens):], logits="last")[0]
+        # (a recurrent model's back to its checkpoint: what it then lacks goes in with the new tokens, one pass)
+        ctx.truncate(ctx.reusable(min(common_prefix(ctx.tokens, seq), len(seq) - 1)))
+        new = seq[len(ctx.tokens):]
+        if len(new) > LONG_CATCH_UP and ctx.rollback != "partial":  # a recurrent model's state before the
+            ctx.eval(new[:-1], logits="none")  # pending token kept, for the next answer to the same prompt
+            ctx.checkpoint()
+            new = new[-1:]
+        logits = ctx.eval(new, logits="last")[0]
+        ctx.checkpoint(brief=True)  # a recurrent draft model's next round rolls its drafts back to here
         draft = Draft(source=self.name)
         greedy = cfg.temperature <= 0
         for i in range(k):
@@ -80,6 +87,9 @@ class DraftModel:
             if i + 1 < k:
                 logits = ctx.eval([t], logits="last")[0]
         return draft
+
+
+LONG_CATCH_UP = 64  # tokens the draft's cache catches up with that make a prompt's evaluation, not a round's
 
 
 def _top_prob(logits: np.ndarray) -> float:

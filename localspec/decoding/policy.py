@@ -86,12 +86,13 @@ class AdaptivePolicy:
     # up costs at most this many decodes
     PROBE_CATCH_UP_DECODES = 4.0
 
-    def __init__(self, costs: CostProfile, k_max: int, load=None, min_match: int = 0):
+    def __init__(self, costs: CostProfile, k_max: int, load=None, min_match: int = 0, miss=None):
         """load(): (tokens, sequences) the other requests put in the last shared pass (continuous
-        batching), so drafts are priced by what they add to everyone's step; None: alone. min_match: an
+        batching), so drafts are priced by what they add to everyone's step; None: alone. miss(): seconds
+        a rejected tail costs to roll back on the loaded target, as measured so far. min_match: an
         n-gram proposal drafts only once its match (a copy resuming after an edit: how long it had held) is
         this long, unless it comes from the request's predicted output."""
-        self.costs, self.k_max, self.load, self.min_match = costs, k_max, load, min_match
+        self.costs, self.k_max, self.load, self.min_match, self.miss = costs, k_max, load, min_match, miss
         self.alpha: dict[tuple[str, int], float] = {}  # the current estimate per bucket
         self.counts: dict[tuple[str, int], tuple[float, float]] = {}  # (hits, misses), decayed
         self.shadow: tuple[tuple[str, int], int, list[int]] | None = None  # (bucket, start, tokens)
@@ -124,7 +125,7 @@ class AdaptivePolicy:
         rows, others, newcomer = self.load() if self.load is not None else (0, 0, False)
         if newcomer:  # a newer request's first steps go at single-token speed: no drafts meanwhile
             return 0
-        k, gain = best_k_shared(a, k_max, self.costs, source, rows, others)
+        k, gain = best_k_shared(a, k_max, self.costs, source, rows, others, self.miss() if self.miss else 0.0)
         if k and gain < self.MIN_GAIN:
             k = 0
         return self._model_k(k, gain, catch_up) if source == "model" else k
@@ -187,11 +188,11 @@ class AdaptivePolicy:
                 f"T_verify/T_decode = {', '.join(f'{x:.2f}' for x in self.costs.relative_verify()[:6])}")
 
 
-def make_policy(cfg: GenConfig, profile: CostProfile | None, drafter, load=None, min_match: int = 0):
+def make_policy(cfg: GenConfig, profile: CostProfile | None, drafter, load=None, min_match: int = 0, miss=None):
     if cfg.spec == "on":
         return FixedK(max(cfg.draft_max, cfg.ngram_draft_max))  # each drafter applies its own cap
     if cfg.spec == "auto":
         if profile is None:
             raise ValueError("--spec auto needs a cost profile (the engine measures one)")
-        return AdaptivePolicy(profile, max(cfg.draft_max, cfg.ngram_draft_max), load, min_match)
+        return AdaptivePolicy(profile, max(cfg.draft_max, cfg.ngram_draft_max), load, min_match, miss)
     return FixedK(0)

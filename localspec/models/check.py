@@ -8,6 +8,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, BinaryIO
 
 from ..pairing import VocabInfo, first_mismatch
+from .archs import rollback_of
 from .gguf_header import read_header, read_header_file, vocab_fields
 from .manage import open_for_header, suggest_drafts
 
@@ -28,6 +29,7 @@ class ModelHeaderSummary:
     add_bos: bool
     header_bytes: int
     bytes_read: int
+    rollback: str = "partial"  # how a rejected draft is rolled back on this architecture (archs.py)
 
 
 @dataclass
@@ -50,7 +52,8 @@ def summarize(ref: str, side: str) -> tuple[ModelHeaderSummary, VocabInfo]:
     summary = ModelHeaderSummary(
         ref=ref, where=where, architecture=header.architecture, name=header.get("general.name"),
         basename=header.get("general.basename"), file_type=header.file_type_name, vocab_type=info.vocab_type, n_tokens=info.n_tokens, bos=info.bos,
-        eos=info.eos, add_bos=info.add_bos, header_bytes=header.header_bytes, bytes_read=header.bytes_read)
+        eos=info.eos, add_bos=info.add_bos, header_bytes=header.header_bytes, bytes_read=header.bytes_read,
+        rollback=rollback_of(header.architecture))
     return summary, info
 
 

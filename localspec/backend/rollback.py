@@ -1,0 +1,120 @@
+"""How a context drops a rejected tail, by the memory in front of it (docs/RECURRENT.md).
+
+A transformer's KV cache drops any tail (`PARTIAL`). A recurrent state (Mamba, LFM2's short convolutions,
+Qwen3.5's delta-net) keeps no per-token history, so llama.cpp cannot drop part of it: where the
+architecture supports it, llama.cpp keeps the state after each of the last `SNAPSHOTS` tokens of a pass
+(`SNAPSHOT`, a rollback within the last pass is free); otherwise, and for longer rollbacks, the
+sequence's recurrent part is saved before a pass that may be rolled back and put back, and the kept
+tokens are evaluated again (`CHECKPOINT`, a few tokens, not the context). Evaluating the whole kept
+text again is the last resort, counted. The same checkpoints, taken where a prompt's passes end, let a
+later prompt reuse a cached prefix of a recurrent model.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import time
+from dataclasses import dataclass, field
+
+from ..models.archs import CHECKPOINT, PARTIAL, SNAPSHOT, rollback_of as kind_of_arch  # noqa: F401
+
+SNAPSHOTS = 8  # per-token recurrent states asked of llama.cpp per sequence (a verify pass of up to 9 tokens)
+KEEP = 32  # checkpoints per sequence at most, oldest out (llama-server's --ctx-checkpoints)
+BUDGET = 256 << 20  # bytes of checkpoints per sequence at most
+PARTIAL_ONLY = 1  # LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY: the recurrent (or sliding-window) part alone
+
+
+@dataclass
+class Checkpoints:
+    """One sequence's saved recurrent states: (position, bytes) ascending, each the state after `position`
+    tokens. Those a rejected draft comes back to (`rollback`) are kept only while they are among the last
+    ROLLBACK_KEEP; those a later prompt comes back to (where a prompt's passes end) by KEEP and BUDGET,
+    the oldest dropped first."""
+    items: list[tuple[int, object]] = field(default_factory=list)
+    brief: set[int] = field(default_factory=set)  # positions of the rollback ones
+
+    ROLLBACK_KEEP = 2
+
+    def add(self, pos: int, state, rollback: bool = False) -> None:
+        self.drop_after(pos - 1)
+        self.items.append((pos, state))
+        if rollback:
+            self.brief.add(pos)
+            for old in sorted(self.brief)[:-self.ROLLBACK_KEEP]:
+                self._remove(old)
+        while len(self.items) - len(self.brief) > KEEP or (len(self.items) > 2 and self.nbytes() > BUDGET):
+            self._remove(next(p for p, _ in self.items if p not in self.brief))
+
+    def _remove(self, pos: int) -> None:
+        self.items = [it for it in self.items if it[0] != pos]
+        self.brief.discard(pos)
+
+    def has(self, pos: int) -> bool:
+        return any(p == pos for p, _ in self.items)
+
+    def best(self, n: int) -> tuple[int, object] | None:
+        """The latest checkpoint at or before position n."""
+        return next((it for it in reversed(self.items) if it[0] <= n), None)
+
+    def drop_after(self, n: int) -> None:
+        self.items = [it for it in self.items if it[0] <= n]
+        self.brief = {p for p in self.brief if p <= n}
+
+    def copy(self, n: int | None = None) -> "Checkpoints":
+        keep = [it for it in self.items if n is None or it[0] <= n]
+        return Checkpoints(keep, {p for p, _ in keep if p in self.brief})
+
+    def nbytes(self) -> int:
+        return sum(len(s) for _, s in self.items if s is not None)
+
+
+def reach(n: int, length: int, ckpts: Checkpoints | None, kind: str) -> int:
+    """How much of a saved sequence of `length` tokens sharing n tokens with a prompt the prompt can reuse:
+    all n where cells can be dropped or nothing need be, else up to its latest checkpoint within them."""
+    if kind == PARTIAL or n >= length:
+        return n
+    best = ckpts.best(n) if ckpts is not None else None
+    return best[0] if best is not None else 0
+
+
+def recurrent(L, model_ptr) -> bool:
+    return bool(L.llama_model_is_recurrent(model_ptr) or L.llama_model_is_hybrid(model_ptr))
+
+
+def classify(L, model_ptr, ctx_ptr) -> tuple[str, int]:
+    """(kind, snapshots) for a context, as llama-server classifies one."""
+    if not recurrent(L, model_ptr):
+        return PARTIAL, 0
+    n_rs = int(L.llama_n_rs_seq(ctx_ptr))
+    return (SNAPSHOT if n_rs > 0 else CHECKPOINT), n_rs
+
+
+def save_state(L, ctx_ptr, seq: int):
+    """The sequence's recurrent part, to put back with load_state."""
+    size = L.llama_state_seq_get_size_ext(ctx_ptr, seq, PARTIAL_ONLY)
+    buf = (ctypes.c_uint8 * size)()
+    if L.llama_state_seq_get_data_ext(ctx_ptr, buf, size, seq, PARTIAL_ONLY) != size:
+        return None
+    return buf
+
+
+def load_state(L, ctx_ptr, seq: int, state) -> bool:
+    return L.llama_state_seq_set_data_ext(ctx_ptr, state, len(state), seq, PARTIAL_ONLY) != 0
+
+
+@dataclass
+class MissCost:
+    """What rolling a rejected draft back has cost on this context beyond dropping cells, as running averages:
+    seconds spent, and tokens evaluated again (they go in with the next pass): the cost model prices a
+    round's possible miss with them."""
+    seconds: float = 0.0
+    replay: float = 0.0
+    count: int = 0
+    fallbacks: int = 0  # rollbacks that evaluated the whole kept text again
+
+    def record(self, t0: float, replayed: int) -> None:
+        dt = time.perf_counter() - t0
+        self.count += 1
+        w = 1.0 if self.count == 1 else 0.2
+        self.seconds += w * (dt - self.seconds)
+        self.replay += w * (replayed - self.replay)

@@ -1,0 +1,206 @@
+"""Recurrent and hybrid targets (Mamba, LFM2, Qwen3.5) on tiny models llama.cpp builds at their own shapes:
+speculation as exact as on a transformer, rejected drafts rolled back without evaluating the context again,
+prompts reused across turns and requests, lanes never sharing a recurrent state (docs/RECURRENT.md)."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+from conftest import THREADS
+from tinyarch import build_tiny_arch
+
+from localspec.backend import rollback
+from localspec.backend.passes import Cuts
+from localspec.config import GenConfig, LoadConfig
+from localspec.engine import Engine
+from localspec.serving import ServingEngine
+
+ARCHS = {"mamba": rollback.CHECKPOINT, "lfm2": rollback.SNAPSHOT, "qwen35": rollback.SNAPSHOT}
+TEXT = "the cache model token draft target fast slow " * 3
+
+
+@pytest.fixture(scope="session")
+def arch_files(tmp_path_factory):
+    """arch -> (target, perfect draft, perturbed draft)."""
+    d = tmp_path_factory.mktemp("archs")
+    out = {}
+    for arch in ARCHS:
+        out[arch] = (build_tiny_arch(d / f"{arch}.gguf", arch), build_tiny_arch(d / f"{arch}-same.gguf", arch),
+                     build_tiny_arch(d / f"{arch}-perturbed.gguf", arch, perturb=0.15))
+    return out
+
+
+def load(n_ctx=4096, parallel=1):
+    return LoadConfig(n_ctx=n_ctx, n_threads=THREADS, n_threads_batch=THREADS, n_parallel=parallel)
+
+
+def greedy(**kw) -> GenConfig:
+    return GenConfig(**{**dict(temperature=0.0, spec="on", drafter="model", draft_max=4, max_tokens=40), **kw})
+
+
+def run(e, prompt, cfg, lane=None):
+    chunks = list(e.generate(prompt, cfg, lane=lane))
+    return [c.token for c in chunks if c.token is not None], (lane or e.lane).last_stats
+
+
+@pytest.fixture(scope="module", params=list(ARCHS))
+def engine(request, arch_files):
+    target, _, perturbed = arch_files[request.param]
+    e = Engine(target, perturbed, load())
+    e.arch = request.param
+    yield e
+    e.close()
+
+
+def prompt_of(e, n_words: int) -> list[int]:
+    return e.target_model.tokenize(" ".join((TEXT.split() * 400)[:n_words]), add_special=True)
+
+
+def test_each_architecture_gets_its_rollback(engine, tiny):
+    assert engine.target.rollback == ARCHS[engine.arch]
+    assert rollback.kind_of_arch(engine.arch) == ARCHS[engine.arch]
+    t = Engine(tiny.target, None, load(512))
+    try:
+        assert t.target.rollback == rollback.PARTIAL and rollback.kind_of_arch("llama") == rollback.PARTIAL
+    finally:
+        t.close()
+
+
+@pytest.mark.parametrize("drafter", ["model-perturbed", "model-same", "ngram", "prediction"])
+def test_greedy_speculation_gives_plain_decodings_text(engine, arch_files, drafter):
+    """Every drafter, every rejected tail rolled back cheaply: the text of --spec off, no fallback."""
+    e = engine
+    if drafter == "model-same":
+        e = Engine(arch_files[engine.arch][0], arch_files[engine.arch][1], load())
+    try:
+        prompt = prompt_of(e, 60)
+        plain, _ = run(e, prompt, greedy(spec="off"))
+        kw = {"drafter": "model"} if drafter.startswith("model") else {"drafter": "ngram", "ngram_draft_max": 8}
+        if drafter == "prediction":
+            kw["prediction"] = b"".join(e.target_model.piece(t) for t in plain[:20] + prompt[5:30]).decode("utf-8", "replace")
+        before = e.target.miss.fallbacks
+        spec, st = run(e, prompt, greedy(**kw))
+        assert spec == plain
+        assert st.drafted > 0 and e.target.miss.fallbacks == before
+        if e.draft_ctx is not None:
+            assert e.draft_ctx.miss.fallbacks == 0
+    finally:
+        if e is not engine:
+            e.close()
+
+
+def test_a_rejected_tail_costs_the_same_deep_in_the_context(engine, monkeypatch):
+    """A verify pass rolled back at 100 and at 2,000 tokens evaluates the same few tokens again (none with
+    snapshots), never the context."""
+    ctx = engine.target
+    replayed = []
+    real = ctx.eval
+
+    def logged(tokens, logits="last", **kw):
+        replayed.append(len(tokens))
+        return real(tokens, logits, **kw)
+
+    for depth in (100, 2000):
+        ctx.reset()
+        ctx.sync(prompt_of(engine, depth)[:depth])
+        ctx.eval([5, 6, 7, 8, 9], logits="all")
+        monkeypatch.setattr(ctx, "eval", logged)
+        replayed.clear()
+        ctx.truncate(depth + 2)
+        monkeypatch.setattr(ctx, "eval", real)
+        assert len(ctx.tokens) == depth + 2 and sum(replayed) <= 2, (depth, replayed)
+    assert ctx.miss.fallbacks == 0
+
+
+def test_rollback_gives_the_rows_of_a_fresh_evaluation(engine):
+    """After a rollback, the next row is the one decoding the kept text gives."""
+    ctx, prompt = engine.target, prompt_of(engine, 80)
+    ctx.reset()
+    ctx.sync(prompt)
+    ctx.eval([9, 9, 9, 9], logits="all")
+    ctx.truncate(len(prompt) + 1)
+    after = ctx.eval([7], logits="last")[0]
+    ctx.reset()
+    ctx.sync(prompt + [9])
+    fresh = ctx.eval([7], logits="last")[0]
+    assert abs(after - fresh).max() < 1e-3 and after.argmax() == fresh.argmax()
+
+
+def test_prompts_reuse_what_a_recurrent_cache_holds(engine):
+    """The same greedy prompt again repeats its last pass and its text; a conversation's next turn
+    evaluates only what is new; a prompt sharing a long prefix evaluates from its last checkpoint."""
+    e, cfg = engine, greedy(max_tokens=12, spec="off")
+    e.target.reset()
+    p1 = prompt_of(e, 600)
+    first, st = run(e, p1, cfg)
+    assert st.prompt_eval_tokens == len(p1)
+    again, st = run(e, p1, cfg)
+    assert again == first and st.prompt_eval_tokens <= 256 + 8  # its last pass (passes.py)
+    p2 = p1 + first + e.target_model.tokenize(" and the cache", add_special=False)
+    _, st = run(e, p2, cfg)
+    assert st.prompt_eval_tokens <= len(p2) - len(p1)
+    p3 = p1[:500] + e.target_model.tokenize(" slow fast", add_special=False)
+    _, st = run(e, p3, cfg)
+    assert st.prompt_eval_tokens <= 300  # from the last pass end at or before the shared 500 tokens
+    assert e.target.miss.fallbacks == 0
+
+
+@pytest.mark.parametrize("arch", ["qwen35", "mamba"])
+def test_parallel_lanes_sharing_a_prefix_never_share_a_state(arch_files, arch, monkeypatch):
+    """Overlapping requests that start alike on two lanes (the second takes the first's prefix) answer as
+    each does alone: llama.cpp's seq_cp would hand the second lane the first's whole recurrent state."""
+    target, _, perturbed = arch_files[arch]
+    e = ServingEngine(target, perturbed, LoadConfig(n_ctx=4096, n_threads=THREADS, n_threads_batch=THREADS,
+                                                    n_parallel=2, cache_ram_mib=64))
+    shared, real = [], e.target.copy_prefix
+    monkeypatch.setattr(e.target, "copy_prefix", lambda *a: shared.append(real(*a)) or shared[-1])
+    try:
+        base = e.target_model.tokenize(TEXT * 12, add_special=True)
+        prompts = [base + e.target_model.tokenize(f" {w} {w} {w}", add_special=False) for w in ("fast", "slow")]
+        cfg = greedy(max_tokens=16, temperature=0.8, seed=3, spec="on")
+        alone = []
+        for p in prompts:
+            e.lanes[0].target.reset()
+            alone.append(run(e, p, cfg, lane=e.lanes[0])[0])
+        for _ in range(3):
+            for lane in e.lanes:
+                lane.target.reset()
+            run(e, base + [5], cfg.with_(max_tokens=1), lane=e.lanes[0])  # lane 0 holds the shared prefix
+            out: list = [None, None]
+
+            def go(i):
+                out[i] = run(e, prompts[i], cfg, lane=e.lanes[i])[0]
+
+            threads = [threading.Thread(target=go, args=(i,)) for i in (1, 0)]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join(timeout=120)
+            assert out == alone
+        assert shared and max(shared) > 0  # the second lane did take the first's prefix
+    finally:
+        e.close()
+
+
+def test_check_says_which_rollback_a_file_gets(arch_files, tiny, cli):
+    qwen, mamba = arch_files["qwen35"][0], arch_files["mamba"][0]
+    code, out, err = cli("check", str(qwen), str(mamba))
+    assert (code, err) == (0, "")
+    assert out.splitlines()[-2:] == [
+        "target rollback: per-token state snapshots for short drafts, checkpoints for longer ones (docs/RECURRENT.md)",
+        "draft rollback: a state checkpoint before each verify pass, the kept tokens replayed (docs/RECURRENT.md)"]
+    assert "rollback" not in cli("check", str(tiny.target))[1]
+
+
+def test_checkpoints_are_bounded_and_copied_up_to_a_point():
+    ck = rollback.Checkpoints()
+    for p in range(1, 100):
+        ck.add(p * 10, bytes(4))
+    assert len(ck.items) == rollback.KEEP and ck.best(995)[0] == 990 and ck.best(5) is None
+    assert [p for p, _ in ck.copy(700).items][-1] == 700
+    ck.add(500, bytes(4))  # a new state at 500 replaces every later one
+    assert ck.items[-1][0] == 500 and ck.best(999)[0] == 500
+    assert rollback.reach(650, 900, ck, rollback.CHECKPOINT) == 500
+    assert rollback.reach(650, 900, ck, rollback.PARTIAL) == 650 and rollback.reach(900, 900, None, "checkpoint") == 900
+    assert Cuts().copy(0).at == []
