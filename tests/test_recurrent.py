@@ -204,3 +204,63 @@ def test_checkpoints_are_bounded_and_copied_up_to_a_point():
     assert rollback.reach(650, 900, ck, rollback.CHECKPOINT) == 500
     assert rollback.reach(650, 900, ck, rollback.PARTIAL) == 650 and rollback.reach(900, 900, None, "checkpoint") == 900
     assert Cuts().copy(0).at == []
+
+
+def test_a_hybrids_saved_prompt_survives_a_restart(arch_files, tmp_path):
+    """The disk cache keeps a hybrid's checkpoints with its state: after a restart, a prompt sharing the saved
+    one's first part reuses it up to a checkpoint and evaluates only the rest."""
+    target = arch_files["qwen35"][0]
+    cfg = greedy(max_tokens=4, spec="off")
+
+    def server():
+        return ServingEngine(target, None, LoadConfig(n_ctx=4096, n_threads=THREADS, n_threads_batch=THREADS,
+                                                      n_parallel=1, cache_ram_mib=64, cache_disk_mib=64))
+
+    e = server()
+    try:
+        first = prompt_of(e, 400)
+        _, st = run(e, first, cfg)
+        assert st.prompt_eval_tokens == len(first) >= 1024
+        e.prompt_cache.persist(st.prompt_eval_tokens, e.lanes[0].target)
+        e.prompt_cache.disk.wait()
+    finally:
+        e.close()
+    e = server()
+    try:
+        later = first[:1100] + e.target_model.tokenize(" slow fast list", add_special=False)
+        _, st = run(e, later, cfg)
+        assert st.cache_restored and st.prompt_eval_tokens <= len(later) - 1024
+        assert e.target.miss.fallbacks == 0
+    finally:
+        e.close()
+
+
+def test_sampling_on_a_hybrid_is_the_targets_distribution(arch_files):
+    """Speculative sampling with rollbacks by snapshot and checkpoint keeps the target's distribution: the
+    second token's frequencies against the target's probabilities (as test_engine's statistical test)."""
+    import numpy as np
+    from test_engine import _chi2_fails, pool_eog
+
+    from localspec.decoding.sampling import logits_to_probs
+
+    target, _, perturbed = arch_files["qwen35"]
+    e = Engine(target, perturbed, load(512))
+    try:
+        prompt = e.target_model.tokenize("the cache model token", True)
+        cfg = GenConfig(temperature=0.9, top_k=20, top_p=1.0, min_p=0.0, spec="on", drafter="model",
+                        draft_max=4, max_tokens=2)
+        e.target.sync(prompt[:-1])
+        first = int(logits_to_probs(e.target.eval([prompt[-1]], logits="last")[0], cfg).argmax())
+        p2 = pool_eog(e, logits_to_probs(e.target.eval([first], logits="last")[0], cfg))
+        e.target.reset()
+        counts, n = np.zeros(p2.size), 0
+        for seed in range(1500):
+            tokens, _ = run(e, prompt, cfg.with_(seed=seed))
+            if tokens and tokens[0] == first:
+                counts[tokens[1] if len(tokens) == 2 else -1] += 1
+                n += 1
+        assert n > 200
+        fails, chi2, crit = _chi2_fails(counts, p2, n)
+        assert not fails, f"chi2 {chi2:.1f} > {crit:.1f} over {n} samples"
+    finally:
+        e.close()
