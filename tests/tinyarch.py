@@ -21,17 +21,18 @@ import numpy as np
 from tinygguf import CHATML, N_CTX_TRAIN, tiny_vocab
 
 ARCHS = ("mamba", "mamba2", "lfm2", "qwen35", "granitehybrid", "nemotron_h")
-WIDTH, N_LAYER, N_HEAD, N_FF = 64, 4, 4, 128
+TINY = dict(width=64, layers=4, heads=4, heads_kv=4, head_dim=16, ff=128, interval=2, vocab=0)
 F32, F16 = 0, 1  # ggml_type
 
 
-def _hparams(w, arch: str) -> None:
-    """The keys each architecture's loader reads, as test-llama-archs sets them."""
-    a = arch
+def _hparams(w, arch: str, d: dict) -> None:
+    """The keys each architecture's loader reads, as test-llama-archs sets them; `d`: TINY's sizes, or a
+    released model's (a shape twin: scripts/hybrid-twin)."""
+    a, N_HEAD, N_LAYER = arch, d["heads"], d["layers"]
     w.add_uint32(f"{a}.context_length", N_CTX_TRAIN)
-    w.add_uint32(f"{a}.embedding_length", WIDTH)
+    w.add_uint32(f"{a}.embedding_length", d["width"])
     w.add_uint32(f"{a}.block_count", N_LAYER)
-    w.add_uint32(f"{a}.feed_forward_length", N_FF)
+    w.add_uint32(f"{a}.feed_forward_length", d["ff"])
     w.add_float32(f"{a}.attention.layer_norm_rms_epsilon", 1e-5)
     w.add_float32(f"{a}.attention.layer_norm_epsilon", 1e-5)
     # hybrids: every other layer attends, the first too (per-layer head counts, 0 = recurrent); qwen35 by its interval
@@ -41,25 +42,42 @@ def _hparams(w, arch: str) -> None:
         w.add_array(f"{a}.attention.head_count_kv", heads)
     else:
         w.add_uint32(f"{a}.attention.head_count", N_HEAD)
-        w.add_uint32(f"{a}.attention.head_count_kv", N_HEAD)
-    w.add_uint32(f"{a}.rope.dimension_count", WIDTH // N_HEAD)
-    w.add_uint32(f"{a}.full_attention_interval", 2)
+        w.add_uint32(f"{a}.attention.head_count_kv", d["heads_kv"])
+    w.add_uint32(f"{a}.attention.key_length", d["head_dim"])
+    w.add_uint32(f"{a}.attention.value_length", d["head_dim"])
+    rope = d.get("rope_dim", d["head_dim"])
+    w.add_uint32(f"{a}.rope.dimension_count", rope)
+    w.add_uint32(f"{a}.full_attention_interval", d["interval"])
     w.add_uint32(f"{a}.ssm.conv_kernel", 4)
-    w.add_uint32(f"{a}.ssm.inner_size", 256 if a == "qwen35" else 2 * WIDTH)
-    w.add_uint32(f"{a}.ssm.state_size", 64 if a == "qwen35" else 16)  # qwen35: heads x state = inner size
-    w.add_uint32(f"{a}.ssm.time_step_rank", N_HEAD)
-    w.add_uint32(f"{a}.ssm.group_count", 2 if a != "mamba" else 0)
+    # qwen35: value heads (time_step_rank) x state = inner size; key heads = group count
+    w.add_uint32(f"{a}.ssm.inner_size", d.get("ssm_inner", 256 if a == "qwen35" else 2 * d["width"]))
+    w.add_uint32(f"{a}.ssm.state_size", d.get("ssm_state", 64 if a == "qwen35" else 16))
+    w.add_uint32(f"{a}.ssm.time_step_rank", d.get("ssm_heads", N_HEAD))
+    w.add_uint32(f"{a}.ssm.group_count", d.get("ssm_groups", 2 if a != "mamba" else 0))
     w.add_uint32(f"{a}.shortconv.l_cache", 3)
-    w.add_array(f"{a}.rope.dimension_sections", [4, 2, 2, 0])  # qwen35's multi-section rope
+    half = rope // 2
+    w.add_array(f"{a}.rope.dimension_sections", [half - 2 * (half // 3), half // 3, half // 3, 0])
 
 
-def _metadata(path: Path, arch: str, chat_template: str | None) -> None:
+def _metadata(path: Path, arch: str, chat_template: str | None, d: dict, name: str) -> None:
     import gguf
 
     tokens, scores, types = tiny_vocab()
+    if d["vocab"]:  # a twin's chat roles are single tokens, as in the released model's vocabulary (with every
+        for word in ("user", "assistant", "system", "▁user", "▁assistant", "▁system"):  # prefix, for spm's merges)
+            for piece in (word[:i] for i in range(2, len(word) + 1)):
+                if piece not in tokens:
+                    tokens.append(piece)
+                    scores.append(float(len(piece)))
+                    types.append(1)
+    for i in range(len(tokens), d["vocab"]):  # a released model's vocabulary size: the output layer's cost
+        tokens.append(f"<|unused{i}|>")
+        scores.append(-1e4)
+        types.append(4)  # USER_DEFINED: never produced by tokenizing text
     w = gguf.GGUFWriter(str(path), arch)
-    w.add_name(f"tiny-{arch}")
-    _hparams(w, arch)
+    w.add_name(name)
+    w.add_file_type(d.get("file_type", 0))
+    _hparams(w, arch, d)
     w.add_tokenizer_model("llama")
     w.add_token_list(tokens)
     w.add_token_scores(scores)
@@ -97,7 +115,7 @@ class _InitParams(ctypes.Structure):
     _fields_ = [("no_alloc", ctypes.c_bool), ("ctx", ctypes.c_void_p)]
 
 
-def _values(name: str, n: int, seed: int, perturb: float) -> np.ndarray:
+def _values(name: str, n: int, seed: int, perturb: float, width: int) -> np.ndarray:
     """A tensor's values from the seed and its name; norms around 1, decays negative, outputs peaked."""
     rng = np.random.default_rng([seed, zlib.crc32(name.encode())])
     a = rng.standard_normal(n).astype(np.float32)
@@ -109,18 +127,20 @@ def _values(name: str, n: int, seed: int, perturb: float) -> np.ndarray:
     if "ssm_a" in name:
         return -np.abs(a)
     if name.startswith("output.") or name.startswith("token_embd"):
-        return a * (4.0 / np.sqrt(WIDTH) if name.startswith("output.") else 1.0)
-    return a * (1.0 / np.sqrt(WIDTH))
+        return a * (4.0 / np.sqrt(width) if name.startswith("output.") else 1.0)
+    return a * (1.0 / np.sqrt(width))
 
 
 def build_tiny_arch(path: str | Path, arch: str, seed: int = 0, perturb: float = 0.0,
-                    chat_template: str | None = CHATML) -> Path:
+                    chat_template: str | None = CHATML, dims: dict | None = None) -> Path:
+    """dims: sizes over TINY's (a shape twin's: a released model's widths, layers and vocabulary)."""
     from localspec.backend.model import llama
 
     L = llama()  # llama.cpp's log kept quiet
     path = Path(path)
     meta = path.with_suffix(".meta.gguf")
-    _metadata(meta, arch, chat_template)
+    d = {**TINY, **(dims or {})}
+    _metadata(meta, arch, chat_template, d, f"tiny-{arch}" if dims is None else f"twin-{arch}")
     lib = _libggml()
     ctx = lib.gguf_init_from_file(str(meta).encode(), _InitParams(True, None))
     if not ctx:
@@ -131,7 +151,7 @@ def build_tiny_arch(path: str | Path, arch: str, seed: int = 0, perturb: float =
         name = lib.ggml_get_name(tensor).decode()
         n = lib.ggml_nelements(tensor)
         kind = ctypes.c_int.from_address(tensor).value  # ggml_tensor's first field: its type
-        vals = _values(name, n, seed, perturb)
+        vals = _values(name, n, seed, perturb, d["width"])
         data = vals.astype(np.float16 if kind == F16 else np.float32)
         lib.ggml_backend_tensor_set(tensor, data.ctypes.data, 0, lib.ggml_nbytes(tensor))
 
