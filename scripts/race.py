@@ -4,7 +4,7 @@ Servers (each on its own loopback port, started here and stopped at the end):
   localspec        `localspec serve` with its defaults (--spec auto)
   llama            llama-server, plain
   llama-spec       llama-server --spec-default (its n-gram-mod drafter, drafts of 48-64 tokens)
-  llama-draft      llama-server -md DRAFT (the pair's draft model)
+  llama-draft      llama-server --spec-type draft-simple -md DRAFT (the pair's draft model)
 and, to take a difference apart:
   localspec-plain  `localspec serve --spec off` (the same engine, never drafting)
   localspec-fa-on  `localspec serve -fa on` (llama.cpp's flash-attention kernel, llama-server's choice)
@@ -208,7 +208,7 @@ def start_servers(names: list[str], work: Path, llama_server: Path | None) -> li
     from serverproc import ServerProcess
 
     pair = models.resolve_pair()
-    flags = {"llama": [], "llama-spec": ["--spec-default"], "llama-draft": ["-md", str(pair.draft_path)],
+    flags = {"llama": [], "llama-spec": ["--spec-default"], "llama-draft": ["--spec-type", "draft-simple", "-md", str(pair.draft_path)],  # -md alone drafts nothing
              "llama-fa-off": ["-fa", "off"]}
     servers = []
     for name in names:
