@@ -208,7 +208,8 @@ def start_servers(names: list[str], work: Path, llama_server: Path | None) -> li
     from serverproc import ServerProcess
 
     pair = models.resolve_pair()
-    flags = {"llama": [], "llama-spec": ["--spec-default"], "llama-draft": ["--spec-type", "draft-simple", "-md", str(pair.draft_path)],  # -md alone drafts nothing
+    flags = {"llama": [], "llama-spec": ["--spec-default"],
+             "llama-draft": ["--spec-type", "draft-simple", "-md", str(pair.draft_path)],  # -md alone drafts nothing
              "llama-fa-off": ["-fa", "off"]}
     servers = []
     for name in names:
