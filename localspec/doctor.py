@@ -289,7 +289,8 @@ def format_report(r: dict[str, Any]) -> str:
     for f in pair.get("files", []):
         where = f["path"] or {"bundle-chunks": "bundle installed, assembled on first use",
                               "missing": "missing"}.get(f["state"], f["state"])
-        lines.append(f"  {f['role']:<6} {f['state']:<13} {where}" + (f" (rollback: {f['rollback']})" if f.get("rollback") else ""))
+        rollback = f" (rollback: {f['rollback']})" if f.get("rollback") else ""
+        lines.append(f"  {f['role']:<6} {f['state']:<13} {where}{rollback}")
     m = r["measurements"]
     lines.append(f"measured on this machine: {m['profiles']} pass-cost profile(s), {m['kernels']} attention-kernel "
                  "choice(s) (measured while idle, never before an answer)")

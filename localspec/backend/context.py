@@ -122,10 +122,9 @@ class Context:
 
     def decode_parts(self, parts: list[tuple[int, list[int], str]],
                      abort: Callable[[], bool] | None = None) -> list[np.ndarray | None]:
-        """ONE llama_decode over several sequences' tokens, each part (seq, tokens, logits mode)
-        appended at the end of its sequence; at most n_batch tokens in all. Returns each part's
-        logits rows (None for "none"). On failure every part is rolled back and the error raised:
-        PassInterrupted when `abort()`, asked while the pass runs, said to give it up."""
+        """ONE llama_decode over several sequences' tokens, each part (seq, tokens, logits mode) appended at the
+        end of its sequence; at most n_batch tokens in all. Returns each part's logits rows (None for "none").
+        On failure every part is rolled back and the error raised (PassInterrupted when `abort()` said so)."""
         L, b = self.L, self.batch
         with self.lock:
             for seq, toks, _ in parts:
@@ -148,9 +147,12 @@ class Context:
             self._threads_for(i)
             t0 = time.perf_counter()
             rc = self._decode(b, abort)
-            if rc != 0:
+            if rc != 0:  # a recurrent state may hold part of the pass: back to a checkpoint
                 for (seq, _, _), n0 in zip(parts, starts):
-                    self.truncate(n0, seq)
+                    if self.rollback == PARTIAL:
+                        self.truncate(n0, seq)
+                    else:
+                        self._roll_back(len(self.seq_tokens[seq]), seq)
                 if rc == 2 and abort is not None:
                     raise PassInterrupted("a background pass gave way to a request")
                 if rc == 1:
@@ -179,8 +181,7 @@ class Context:
         return outs
 
     def _before_pass(self, parts) -> None:
-        """A recurrent sequence's state saved before a verify pass that snapshots do not cover (its rejected
-        tail comes back to it); owed tokens evaluated first when they would not fit the batch or pile up."""
+        """A recurrent state saved before a verify pass snapshots do not cover; owed tokens first if they pile up."""
         big = sum(len(t) + len(self._owed[s]) for s, t, _ in parts) > self.n_batch
         for seq, toks, mode in parts:
             verify = mode == "all" and len(toks) > 1 and not self._snapshots_cover(seq, len(toks) - 1, len(toks))
@@ -215,9 +216,8 @@ class Context:
     LONG_PASS = 32  # passes over more tokens than this count as prompt evaluation
 
     def set_threads(self, n: int) -> None:
-        """Threads for decoding and short (verification) passes from now on. Long passes keep
-        `threads_batch`: a big batch amortizes the barriers that stall single-token decoding under load
-        (docs/BENCHMARKS.md, "A busy machine")."""
+        """Threads for decoding and short (verification) passes from now on; long passes keep `threads_batch`
+        (a big batch amortizes the barriers that stall decoding under load: docs/BENCHMARKS.md)."""
         self.threads = n
         self._batch_now = -1  # re-applied at the next pass
 
@@ -289,9 +289,8 @@ class Context:
             self.eval(owed, logits="none", seq=seq)
 
     def checkpoint(self, seq: int = 0, brief: bool = False) -> None:
-        """Save a recurrent sequence's state here: a later prompt (or the next rejected draft)
-        can come back to this point without evaluating what precedes it (nothing to do for a transformer).
-        `brief`: one the next rejected draft comes back to, dropped once two newer ones are kept."""
+        """Save a recurrent sequence's state here, for a later prompt to come back to (`brief`: for the next
+        rejected draft, dropped once two newer ones are kept); nothing to do for a transformer."""
         if self.rollback == PARTIAL:
             return
         with self.lock:
@@ -306,7 +305,8 @@ class Context:
     def reusable(self, n: int, seq: int = 0) -> int:
         """The longest prefix, up to n tokens, the sequence can keep without evaluating anything again."""
         toks = self.seq_tokens[seq]
-        if self.rollback == PARTIAL or n >= len(toks) - len(self._owed[seq]) or self._snapshots_cover(seq, len(toks) - n):
+        if self.rollback == PARTIAL or n >= len(toks) - len(self._owed[seq]) or \
+                self._snapshots_cover(seq, len(toks) - n):
             return n
         best = self.seq_ckpts[seq].best(n)
         return best[0] if best is not None else 0
@@ -396,5 +396,5 @@ class Context:
     def __del__(self):  # pragma: no cover
         try:
             self.close()
-        except Exception:
-            pass
+        except Exception:  # interpreter shutdown: nothing left to free
+            return

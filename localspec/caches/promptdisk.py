@@ -7,7 +7,8 @@ under the data root, with the exact tokens it holds; a later request, in this pr
 restart, restores the entry that shares the longest prefix with its prompt and evaluates only the rest.
 
 Each entry is two files: `<id>.kv` (the state, then a recurrent model's checkpoints within it) and
-`<id>.json` (format, the pair's key, the tokens, the byte count, a CRC-32 and where the checkpoints are), written whole or not at all (temporary names, renamed; the .json last,
+`<id>.json` (format, the pair's key, the tokens, the byte count, a CRC-32 and where the checkpoints are),
+written whole or not at all (temporary names, renamed; the .json last,
 so an entry exists only once complete). An entry whose key, size or checksum does not match is deleted,
 never loaded. The directory is bounded (`budget_bytes`): the least recently used entries go first.
 """
@@ -160,7 +161,8 @@ class DiskPrompts:
             entries = self._index()
             for e in [e for e in entries if e.path != kv and common_prefix(e.tokens, tokens) == len(e.tokens)]:
                 self._drop(e.path)  # the new entry covers the ones its tokens start with
-            entries[:] = [e for e in entries if e.path != kv] + [DiskEntry(kv, tokens, len(data), meta["crc32"], cuts, where)]
+            entries[:] = [e for e in entries if e.path != kv] + [DiskEntry(kv, tokens, len(data), meta["crc32"], cuts,
+                                                                           where)]
             self._trim(entries)
 
     def _trim(self, entries: list[DiskEntry]) -> None:
