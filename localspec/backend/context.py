@@ -261,7 +261,7 @@ class Context:
     def _roll_back(self, n: int, seq: int) -> int:
         """A recurrent sequence back to n tokens: its latest checkpoint at or before n, the tokens after it owed;
         with none, the whole kept text evaluated (the last resort, counted). Returns how many go in again."""
-        toks = self.seq_tokens[seq]
+        toks, self._owed[seq] = self.seq_tokens[seq], []  # what was owed is in `keep` again
         keep, best = toks[:n], self.seq_ckpts[seq].best(n)
         if best is not None and rollback.load_state(self.L, self.ptr, seq, best[1]) \
                 and self.L.llama_memory_seq_rm(self.mem, seq, best[0], -1):
