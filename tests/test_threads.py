@@ -118,6 +118,40 @@ def test_a_run_that_starts_beside_busy_programs_starts_with_fewer_threads():
     assert quiet.threads == 2 and quiet.changes == []
 
 
+def test_sent_down_by_load_it_comes_back_up_though_no_pass_is_priced():
+    """A server started beside a program that was busy loading: its first run went to one thread; the runs
+    after it draft every round (no single-token pass, no profile: nothing prices a pass), and once the other
+    program is quiet the count goes back up, judged by /proc as it went down."""
+    m = Machine({2: 1.0, 1: 1.7}, others=1.6)
+    g = unmeasured(m)
+    g.before_run()
+    assert g.threads == 1
+    for _ in range(3 * ThreadGovernor.MIN_PASSES):  # verify passes of 3 tokens: unpriced
+        m.t += 0.1
+        g.after_pass(3, 0.1)
+    assert g.threads == 1  # still busy: stays down
+    m.others = 0.0
+    for _ in range(100):
+        m.t += 0.1
+        g.after_pass(3, 0.1)
+    assert g.threads == 2 and g.changes[-1][3] == "the other programs left the cores"
+
+
+def test_a_program_that_ran_between_two_runs_and_stopped_sends_nothing_down(tmp_path):
+    """The CPU the others used since the last run says busy (another server answered in between); nothing of
+    theirs runs now, so the next run keeps its threads."""
+    from localspec.costs.threads import CpuWatch
+
+    m = Machine({2: 1.0, 1: 1.7}, others=1.6)
+    g = ThreadGovernor(2, lambda n: None, m.applied.append, clock=m.clock, others_busy=lambda: m.others,
+                       running_others=lambda: 0, relative=lambda n: float(n), cores=2)
+    g.before_run()
+    assert g.threads == 2 and g.changes == []
+    stat = tmp_path / "stat"
+    stat.write_text("cpu  1 0 1 100 0 0 0 0 0 0\nprocs_running 3\nprocs_blocked 0\n")
+    assert CpuWatch(str(stat)).running_others(looks=2, apart_s=0) == 2  # the caller is one of the three
+
+
 def test_without_a_profile_load_that_appears_is_seen_in_the_passes_too():
     m = Machine({2: 1.0, 1: 1.5}, others=0.0)
     g = unmeasured(m)

@@ -57,6 +57,22 @@ class CpuWatch:
         self.last = now
         return max(0.0, ((now[1] - before[1]) - (now[2] - before[2])) / (now[0] - before[0]))
 
+    def running_others(self, looks: int = 5, apart_s: float = 0.002) -> int | None:
+        """Threads of other processes running or ready to run now (/proc/stat's procs_running less the caller's,
+        the fewest of a few looks: a command that comes and goes is not load); None where it cannot be read.
+        A program that was busy a while ago and stopped is not here."""
+        seen = []
+        for i in range(looks):
+            try:
+                with open(self.stat_path) as f:
+                    line = next((x for x in f if x.startswith("procs_running")), None)
+                seen.append(int(line.split()[1]) - 1)
+            except (OSError, ValueError, IndexError, AttributeError):
+                return None
+            if i + 1 < looks:
+                time.sleep(apart_s)
+        return max(0, min(seen))
+
 
 def quiet_watch():
     """busy(): whether other programs used the cores (OTHERS_BUSY of a core) since the last time it was asked."""
@@ -79,12 +95,15 @@ class ThreadGovernor:
     def __init__(self, max_threads: int, expected: Callable[[int], float | None], apply: Callable[[int], None],
                  clock: Callable[[], float] = time.perf_counter,
                  others_busy: Callable[[], float | None] | None = None,
+                 running_others: Callable[[], int | None] | None = None,
                  relative: Callable[[int], float | None] | None = None, cores: int | None = None):
         """expected(n): what an n-token pass costs on a quiet machine (the measured profile), None where it
         has no figure; then `relative(n)` (a reference curve, T(n)/T(1)) times the fastest single-token pass
         seen prices it, so a machine measured never is still watched."""
         self.max_threads, self.expected, self.apply, self.clock = max_threads, expected, apply, clock
-        self.others_busy = others_busy if others_busy is not None else CpuWatch().others_busy
+        watch = CpuWatch() if others_busy is None else None
+        self.others_busy = others_busy if others_busy is not None else watch.others_busy
+        self.running_others = running_others or (watch.running_others if watch is not None else lambda: None)
         self.relative, self.fastest = relative, float("inf")  # the fastest single-token pass seen
         self.cores = cores or os.cpu_count() or max_threads
         self.down_hold_s, self.down_after = self.PROBE_S, 0.0  # after a trial downwards that did not pay
@@ -107,7 +126,8 @@ class ThreadGovernor:
         """Before a run's first pass (its prompt's): other programs that already hold the cores are seen at
         once, from /proc, and the run starts with fewer threads (a trial, judged by its passes as any)."""
         busy = self.others_busy()  # since the last look (the last run's end), and a fresh window
-        if self.threads > 1 and self.trial_from is None and self._too_many(busy, self.threads):
+        if self.threads > 1 and self.trial_from is None and self._too_many(busy, self.threads) \
+                and self.running_others() != 0:  # and still at it (not one that ran in between and stopped)
             self._try(self.threads - 1, "other programs hold the cores")
 
     def begin_run(self) -> None:
@@ -152,6 +172,7 @@ class ThreadGovernor:
     def after_pass(self, n_tokens: int, seconds: float) -> None:
         exp = self._expected_s(n_tokens, seconds)
         if not exp or seconds <= 0:
+            self._unpriced()
             return
         s = seconds / exp
         if self.calibrating is not None and self._calibrate(s):
@@ -177,6 +198,17 @@ class ThreadGovernor:
                 self._try(n + 1, "probing: the machine may have calmed down")
             else:
                 self.since = self.clock()  # still busy: look again after another interval
+
+    def _unpriced(self) -> None:
+        """A pass nothing prices (no profile, and no single-token pass seen: a run that drafts every round).
+        Such passes judge no trial, so a count that the others' load alone sent down (`before_run`) comes back
+        up once that load is gone, as it went down: by /proc, not by passes."""
+        if self.threads >= self.max_threads or self.clock() - self.since < self.probe_s:
+            return
+        busy = self.others_busy()
+        if busy is not None and busy < self.QUIET:
+            self.trial_from = None
+            self._set(self.threads + 1, "the other programs left the cores")
 
     UNKNOWN_LOOKS = 10  # the others' CPU could not be read this many times running: judge by pass costs alone
 
