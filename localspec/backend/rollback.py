@@ -18,7 +18,9 @@ from dataclasses import dataclass, field
 
 from ..models.archs import CHECKPOINT, PARTIAL, SNAPSHOT, rollback_of as kind_of_arch  # noqa: F401
 
-SNAPSHOTS = 8  # per-token recurrent states asked of llama.cpp per sequence (a verify pass of up to 9 tokens)
+# per-token recurrent states asked of llama.cpp per sequence: a verify pass of up to 5 tokens rolls back free; each
+# costs a whole state per sequence in memory (docs/RECURRENT.md), so longer drafts take checkpoints instead
+SNAPSHOTS = 4
 KEEP = 32  # checkpoints per sequence at most, oldest out (llama-server's --ctx-checkpoints)
 BUDGET = 256 << 20  # bytes of checkpoints per sequence at most
 PARTIAL_ONLY = 1  # LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY: the recurrent (or sliding-window) part alone
