@@ -264,3 +264,24 @@ def test_sampling_on_a_hybrid_is_the_targets_distribution(arch_files):
         assert not fails, f"chi2 {chi2:.1f} > {crit:.1f} over {n} samples"
     finally:
         e.close()
+
+
+def test_a_pass_given_up_on_a_hybrid_leaves_a_state_to_build_on(arch_files):
+    """A background pass that gives way inside llama_decode may leave part of itself in a recurrent state:
+    the sequence goes back to its checkpoint, and what follows is computed as on a fresh cache."""
+    from localspec.errors import PassInterrupted
+
+    e = Engine(arch_files["qwen35"][0], None, load(1024))
+    try:
+        ctx, p = e.target, prompt_of(e, 120)[:300]
+        ctx.sync(p[:200])
+        with pytest.raises(PassInterrupted):
+            ctx.eval(p[200:], logits="none", stop=lambda: True)
+        assert ctx.tokens == p[:200] and ctx.miss.fallbacks == 0
+        after = ctx.eval(p[200:], logits="last")[0]
+        ctx.reset()
+        ctx.sync(p[:200])
+        fresh = ctx.eval(p[200:], logits="last")[0]
+        assert abs(after - fresh).max() < 1e-3
+    finally:
+        e.close()
