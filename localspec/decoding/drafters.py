@@ -15,6 +15,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..backend import Context, common_prefix
+from ..backend.rollback import PARTIAL
 from ..config import GenConfig
 from .draft import Draft
 from ..errors import ConfigError
@@ -64,7 +65,7 @@ class DraftModel:
         # (a recurrent model's back to its checkpoint: what it then lacks goes in with the new tokens, one pass)
         ctx.truncate(ctx.reusable(min(common_prefix(ctx.tokens, seq), len(seq) - 1)))
         new = seq[len(ctx.tokens):]
-        if len(new) > LONG_CATCH_UP and ctx.rollback != "partial":  # a recurrent model's state before the
+        if len(new) > LONG_CATCH_UP and ctx.rollback != PARTIAL:  # a recurrent model's state before the
             ctx.eval(new[:-1], logits="none")  # pending token kept, for the next answer to the same prompt
             ctx.checkpoint()
             new = new[-1:]
