@@ -255,21 +255,23 @@ def test_stochastic_exactness_with_k_changing_every_round(perturbed):
     prompt = e.target_model.tokenize("write the code to read a csv file", True)
     cfg = GenConfig(temperature=0.9, top_k=20, top_p=1.0, min_p=0.0, spec="auto", drafter="model",
                     draft_max=4, max_tokens=2)
-    first = 0
-    # condition on the most likely first token: p(second | first) is what we can compute exactly
+    assert_second_token_is_the_targets(e, prompt, cfg, seeds=2500, min_samples=300)
+
+
+def assert_second_token_is_the_targets(e, prompt: list[int], cfg: GenConfig, seeds: int, min_samples: int) -> None:
+    """Two-token answers over `seeds` seeds: after the most likely first token, the second token's frequencies
+    fit the target's own p(second | first), which is what can be computed exactly."""
     e.target.sync(prompt[:-1])
-    p1 = logits_to_probs(e.target.eval([prompt[-1]], logits="last")[0], cfg)
-    first = int(p1.argmax())
+    first = int(logits_to_probs(e.target.eval([prompt[-1]], logits="last")[0], cfg).argmax())
     p2 = pool_eog(e, logits_to_probs(e.target.eval([first], logits="last")[0], cfg))
     e.target.truncate(len(prompt) - 1)
-    counts = np.zeros(p2.size)
-    n = 0
-    for seed in range(2500):
-        tokens, _, st = run(e, prompt, cfg.with_(seed=seed))
+    counts, n = np.zeros(p2.size), 0
+    for seed in range(seeds):
+        tokens, _, _ = run(e, prompt, cfg.with_(seed=seed))
         if tokens and tokens[0] == first:
             counts[tokens[1] if len(tokens) == 2 else -1] += 1
             n += 1
-    assert n > 300
+    assert n > min_samples
     fails, chi2, crit = _chi2_fails(counts, p2, n)
     assert not fails, f"chi2 {chi2:.1f} > {crit:.1f} over {n} samples"
 

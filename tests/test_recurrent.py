@@ -12,6 +12,7 @@ from tinyarch import build_tiny_arch
 
 from localspec.backend import rollback
 from localspec.backend.passes import Cuts
+from localspec.models.archs import rollback_of
 from localspec.config import GenConfig, LoadConfig
 from localspec.engine import Engine
 from localspec.serving import ServingEngine
@@ -59,10 +60,10 @@ def prompt_of(e, n_words: int) -> list[int]:
 
 def test_each_architecture_gets_its_rollback(engine, tiny):
     assert engine.target.rollback == ARCHS[engine.arch]
-    assert rollback.kind_of_arch(engine.arch) == ARCHS[engine.arch]
+    assert rollback_of(engine.arch) == ARCHS[engine.arch]
     t = Engine(tiny.target, None, load(512))
     try:
-        assert t.target.rollback == rollback.PARTIAL and rollback.kind_of_arch("llama") == rollback.PARTIAL
+        assert t.target.rollback == rollback.PARTIAL and rollback_of("llama") == rollback.PARTIAL
     finally:
         t.close()
 
@@ -201,8 +202,9 @@ def test_checkpoints_are_bounded_and_copied_up_to_a_point():
     assert [p for p, _ in ck.copy(700).items][-1] == 700
     ck.add(500, bytes(4))  # a new state at 500 replaces every later one
     assert ck.items[-1][0] == 500 and ck.best(999)[0] == 500
-    assert rollback.reach(650, 900, ck, rollback.CHECKPOINT) == 500
-    assert rollback.reach(650, 900, ck, rollback.PARTIAL) == 650 and rollback.reach(900, 900, None, "checkpoint") == 900
+    assert rollback.reach(650, 900, ck.positions(), rollback.CHECKPOINT) == 500
+    assert rollback.reach(650, 900, ck.positions(), rollback.PARTIAL) == 650
+    assert rollback.reach(900, 900, [], "checkpoint") == 900
     assert Cuts().copy(0).at == []
 
 
@@ -238,10 +240,7 @@ def test_a_hybrids_saved_prompt_survives_a_restart(arch_files, tmp_path):
 def test_sampling_on_a_hybrid_is_the_targets_distribution(arch_files):
     """Speculative sampling with rollbacks by snapshot and checkpoint keeps the target's distribution: the
     second token's frequencies against the target's probabilities (as test_engine's statistical test)."""
-    import numpy as np
-    from test_engine import _chi2_fails, pool_eog
-
-    from localspec.decoding.sampling import logits_to_probs
+    from test_engine import assert_second_token_is_the_targets
 
     target, _, perturbed = arch_files["qwen35"]
     e = Engine(target, perturbed, load(512))
@@ -249,19 +248,7 @@ def test_sampling_on_a_hybrid_is_the_targets_distribution(arch_files):
         prompt = e.target_model.tokenize("the cache model token", True)
         cfg = GenConfig(temperature=0.9, top_k=20, top_p=1.0, min_p=0.0, spec="on", drafter="model",
                         draft_max=4, max_tokens=2)
-        e.target.sync(prompt[:-1])
-        first = int(logits_to_probs(e.target.eval([prompt[-1]], logits="last")[0], cfg).argmax())
-        p2 = pool_eog(e, logits_to_probs(e.target.eval([first], logits="last")[0], cfg))
-        e.target.reset()
-        counts, n = np.zeros(p2.size), 0
-        for seed in range(1500):
-            tokens, _ = run(e, prompt, cfg.with_(seed=seed))
-            if tokens and tokens[0] == first:
-                counts[tokens[1] if len(tokens) == 2 else -1] += 1
-                n += 1
-        assert n > 200
-        fails, chi2, crit = _chi2_fails(counts, p2, n)
-        assert not fails, f"chi2 {chi2:.1f} > {crit:.1f} over {n} samples"
+        assert_second_token_is_the_targets(e, prompt, cfg, seeds=1500, min_samples=200)
     finally:
         e.close()
 

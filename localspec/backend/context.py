@@ -182,6 +182,8 @@ class Context:
 
     def _before_pass(self, parts) -> None:
         """A recurrent state saved before a verify pass snapshots do not cover; owed tokens first if they pile up."""
+        if self.rollback == PARTIAL:  # a transformer's pass: nothing to save, nothing owed
+            return
         big = sum(len(t) + len(self._owed[s]) for s, t, _ in parts) > self.n_batch
         for seq, toks, mode in parts:
             verify = mode == "all" and len(toks) > 1 and not self._snapshots_cover(seq, len(toks) - 1, len(toks))
@@ -305,11 +307,9 @@ class Context:
     def reusable(self, n: int, seq: int = 0) -> int:
         """The longest prefix, up to n tokens, the sequence can keep without evaluating anything again."""
         toks = self.seq_tokens[seq]
-        if self.rollback == PARTIAL or n >= len(toks) - len(self._owed[seq]) or \
-                self._snapshots_cover(seq, len(toks) - n):
+        if self._snapshots_cover(seq, len(toks) - n):
             return n
-        best = self.seq_ckpts[seq].best(n)
-        return best[0] if best is not None else 0
+        return rollback.reach(n, len(toks) - len(self._owed[seq]), self.seq_ckpts[seq].positions(), self.rollback)
 
     def sync(self, tokens: list[int], should_stop=None, step: int = 128, background: bool = False) -> int:
         return sync_cache(self, tokens, should_stop, step, background)

@@ -16,7 +16,7 @@ import ctypes
 import time
 from dataclasses import dataclass, field
 
-from ..models.archs import CHECKPOINT, PARTIAL, SNAPSHOT, rollback_of as kind_of_arch  # noqa: F401
+from ..models.archs import CHECKPOINT, PARTIAL, SNAPSHOT  # noqa: F401 (the kinds, named once there)
 
 # per-token recurrent states asked of llama.cpp per sequence: a verify pass of up to 5 tokens rolls back free; each
 # costs a whole state per sequence in memory (docs/RECURRENT.md), so longer drafts take checkpoints instead
@@ -66,17 +66,20 @@ class Checkpoints:
         keep = [it for it in self.items if n is None or it[0] <= n]
         return Checkpoints(keep, {p for p, _ in keep if p in self.brief})
 
+    def positions(self) -> list[int]:
+        return [p for p, _ in self.items]
+
     def nbytes(self) -> int:
-        return sum(len(s) for _, s in self.items if s is not None)
+        return sum(len(s) for _, s in self.items)
 
 
-def reach(n: int, length: int, ckpts: Checkpoints | None, kind: str) -> int:
+def reach(n: int, length: int, positions: list[int], kind: str) -> int:
     """How much of a saved sequence of `length` tokens sharing n tokens with a prompt the prompt can reuse:
-    all n where cells can be dropped or nothing need be, else up to its latest checkpoint within them."""
+    all n where cells can be dropped or nothing need be, else up to its latest checkpoint (at `positions`)
+    within them."""
     if kind == PARTIAL or n >= length:
         return n
-    best = ckpts.best(n) if ckpts is not None else None
-    return best[0] if best is not None else 0
+    return max((p for p in positions if p <= n), default=0)
 
 
 def recurrent(L, model_ptr) -> bool:

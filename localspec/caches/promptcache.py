@@ -85,20 +85,20 @@ class PromptCache:
         donor, donor_n = None, live + GAIN_MIN - 1  # another lane's sequence: shared, not copied
         for other in self.lanes:
             n = common_prefix(list(other.tokens), tokens) if other is not cache else 0
-            n = reach(n, len(other.tokens), other.ckpts, kind)
+            n = reach(n, len(other.tokens), other.ckpts.positions(), kind)
             if n > donor_n:
                 donor, donor_n = other, n
         live = max(live, donor_n if donor else 0)
         best, best_n = None, live
         for e in self.entries:
-            n = reach(common_prefix(e.tokens, tokens), len(e.tokens), e.ckpts, kind)
+            n = reach(common_prefix(e.tokens, tokens), len(e.tokens), e.ckpts.positions() if e.ckpts else [], kind)
             if n > best_n:
                 best, best_n = e, n
         if best is not None and not restore_pays(best_n - live, len(best.tokens)):
             best = None
         on_disk, disk_n = self.disk.best(tokens) if self.disk is not None else (None, 0)
         if on_disk is not None:
-            disk_n = reach(disk_n, len(on_disk.tokens), Checkpoints([(p, None) for p, _ in on_disk.ckpts]), kind)
+            disk_n = reach(disk_n, len(on_disk.tokens), [p for p, _ in on_disk.ckpts], kind)
         if on_disk is not None and disk_n >= max(live, best_n if best else 0) + max(GAIN_MIN, SAVE_MIN // 4):
             state, ckpts = self.disk.load(on_disk)
             if state is not None:
