@@ -37,7 +37,7 @@ class GenConfig:
     ngram_max: int = 4  # longest suffix it looks up (the match is then extended backwards to measure it)
     exact: bool = False
     # a server's caches: saved prompts in host memory (promptcache) and on disk under the data root (promptdisk),
-    # built by its engine (serving.py), and n-gram drafts that may copy earlier requests' answers
+    # built by its engine (serving/engine.py), and n-gram drafts that may copy earlier requests' answers
     cache_ram_mib: int = 0
     cache_disk_mib: int = 0
     remember_generations: bool = False  # byte-identical to plain decoding: drafts only where the engine's kernels are exact (--exact)
@@ -87,7 +87,7 @@ class LoadConfig:
     # on every request; the weights stay in their file layout and attention runs over a bf16 KV cache.
     exact: bool = False
     # a server's caches: saved prompts in host memory (promptcache) and on disk under the data root (promptdisk),
-    # built by its engine (serving.py), and n-gram drafts that may copy earlier requests' answers
+    # built by its engine (serving/engine.py), and n-gram drafts that may copy earlier requests' answers
     cache_ram_mib: int = 0
     cache_disk_mib: int = 0
     remember_generations: bool = False

@@ -14,23 +14,23 @@ from typing import Callable, Iterator, TypeVar
 
 import numpy as np
 
-from .costs.attention import cpu_kernel
 from .backend import Context, GrammarSampler, Model, exact, fill_to_answer, system_info
 from .chat_format import CHATML, Message, chat_text, prompt_tokens
-from .pairing import require_compatible
 from .config import GenConfig, LoadConfig
-from .decoding.constraints import GrammarConstraint, starts_with_grammar
+from .costs.attention import cpu_kernel
 from .costs.costmodel import reference_profile
+from .costs.predictions import estimated_speedup
+from .costs.threads import ThreadGovernor
+from .decoding.constraints import GrammarConstraint, starts_with_grammar
 from .decoding.drafters import DraftModel, assemble_drafter
-from .errors import ConfigError, ContextFullError
-from .lane import Lane
 from .decoding.loop import speculative_decode
 from .decoding.ngram import NgramDrafter, NgramMemory
 from .decoding.policy import REPEATABLE_MIN_MATCH, FixedK, make_policy
-from .costs.predictions import estimated_speedup
+from .errors import ConfigError, ContextFullError
+from .lane import Lane
+from .pairing import require_compatible
 from .stats import Stats
 from .text import Chunk, TextStream
-from .costs.threads import ThreadGovernor
 
 T = TypeVar("T")
 BACKGROUND_STEP = 64  # tokens per pass of a prompt evaluation that may be interrupted: a short wait, barely slower
@@ -68,7 +68,7 @@ class Engine:
             self.load_draft()
         self.profile = profile  # measured pass costs (costmodel.CostProfile) for --spec auto
         self.ngram_memory = NgramMemory()
-        self.lanes = [Lane(self.target, self.load_draft, NgramDrafter(memory=self.ngram_memory))]  # serving.py: more
+        self.lanes = [Lane(self.target, self.load_draft, NgramDrafter(memory=self.ngram_memory))]  # serving/engine.py: more
         self.lane = self.lanes[0]
         self.remember_generations = load.remember_generations  # n-gram drafts may copy earlier answers
 
@@ -149,8 +149,8 @@ class Engine:
                 self.draft_model = model
             return self.draft_ctx
 
-    def decoding(self, fn: Callable[[], T]) -> T:
-        """fn() on the thread that decodes (a server's batch thread: serving.py), for work that calls
+    def on_decode_thread(self, fn: Callable[[], T]) -> T:
+        """fn() on the thread that decodes (a server's batch thread: serving/engine.py), for work that calls
         llama_decode outside a generation (measuring the pass costs)."""
         return fn()
 
@@ -181,7 +181,8 @@ class Engine:
             raise ConfigError("empty prompt; give some text to answer")
         if len(prompt) >= self.target.n_ctx:
             raise ContextFullError(f"the prompt is {len(prompt)} tokens but the context holds "
-                                   f"{self.target.n_ctx}; shorten it or raise --ctx-size")
+                                   f"{self.target.n_ctx}; shorten it or raise --ctx-size",
+                                   n_prompt=len(prompt), n_ctx=self.target.n_ctx)
 
     # --- generation -------------------------------------------------------------------------
     def make_drafter(self, cfg: GenConfig, rng, lane: Lane | None = None):
@@ -274,7 +275,7 @@ class Engine:
         return drafter, make_policy(cfg, costs, drafter, self._others_in_step(lane), miss=_miss_cost(lane, costs))
 
     def _others_in_step(self, lane: Lane):
-        """How many other lanes' passes share each step (a server's, serving.py); None: this lane's alone."""
+        """How many other lanes' passes share each step (a server's, serving/); None: this lane's alone."""
         return None
 
     def _start(self, lane: Lane, priority: bool, seq: list[int], stats: Stats, cancel,
@@ -297,7 +298,7 @@ class Engine:
         return None
 
     def _shared_fill(self, lane: Lane, tokens: list[int], should_stop, generates: bool = True):
-        """On a server's lane, a wait for another lane evaluating the same long prefix (serving.py)."""
+        """On a server's lane, a wait for another lane evaluating the same long prefix (serving/engine.py)."""
         return nullcontext()
 
     def _begin_rounds(self, drafter, seq: list[int], cfg: GenConfig, stats: Stats) -> None:
@@ -360,10 +361,10 @@ class Engine:
         return row
 
     def _restore_saved(self, tokens: list[int], target, stats: Stats) -> None:
-        """A server's saved prompts (serving.py): the best one restored into `target` first."""
+        """A server's saved prompts (serving/engine.py): the best one restored into `target` first."""
 
     def _enter(self, lane: Lane, priority: bool, cancel=None) -> None:
-        """A server's lane joins the batch here (serving.py)."""
+        """A server's lane joins the batch here (serving/engine.py)."""
         lane.last_used = time.monotonic()
 
     def _leave(self, lane: Lane) -> None:

@@ -1,5 +1,5 @@
 """Conversation history in SQLite (stdlib `sqlite3`), in the data dir (`paths.history_db()`): the chat
-app, `localspec history` and the server's page (`server/conversations_api.py`) share it.
+app, `localspec history` and the server's page (`server/page/conversations_api.py`) share it.
 
 Every message is written when it is sent or confirmed: the user's message when Enter is pressed,
 the assistant's row when its reply starts, then updated with the confirmed text every ~0.5 s and

@@ -229,8 +229,8 @@ def open_engine(sel: Selection, load: LoadConfig, notify: Notify | None = None, 
     from concurrent.futures import ThreadPoolExecutor
 
     from .backend import exact
-    from .engine import Engine
     from .costs.tuning import check_pair
+    from .engine import Engine
 
     with ThreadPoolExecutor(1) as pool:
         checked = pool.submit(check_pair, Path(sel.target), Path(sel.draft)) if sel.draft else None

@@ -74,7 +74,7 @@ def graph_counts(target: str, draft: str, env_extra: dict, pad: bool) -> dict:
     env = {**os.environ, "LOCALSPEC_DEBUG": "1", **env_extra}
     child = subprocess.run([sys.executable, "-c", code], capture_output=True, env=env, timeout=600)
     if child.returncode != 0:
-        return {"failed": [l for l in child.stderr.decode(errors="replace").splitlines() if "Error" in l][-1:]}
+        return {"failed": [line for line in child.stderr.decode(errors="replace").splitlines() if "Error" in line][-1:]}
     return {k: len(rx.findall(child.stderr)) for k, rx in GRAPH_WORDS.items()}
 
 

@@ -204,8 +204,9 @@ LLAMA_ENTRANTS = ("llama", "llama-spec", "llama-draft", "llama-fa-off")
 
 
 def start_servers(names: list[str], work: Path, llama_server: Path | None) -> list[Entrant]:
-    from localspec import models
     from serverproc import ServerProcess
+
+    from localspec import models
 
     pair = models.resolve_pair()
     flags = {"llama": [], "llama-spec": ["--spec-default"],

@@ -239,8 +239,9 @@ def main() -> int:
     p.add_argument("--only", default="alone,second,infill,burst", help="the scenarios to run (comma-separated)")
     p.add_argument("--json", metavar="FILE", help="also write the raw figures here")
     args = p.parse_args()
-    from localspec import models
     from serverproc import ServerProcess
+
+    from localspec import models
 
     pair = models.resolve_pair()
     names = args.servers.split(",")

@@ -10,8 +10,9 @@ ROOT = Path(__file__).resolve().parent.parent
 
 def ensure() -> None:
     try:
-        import localspec  # noqa: F401
         import numpy  # noqa: F401
+
+        import localspec  # noqa: F401
         return
     except ImportError:
         pass

@@ -7,21 +7,20 @@ import time
 
 import numpy as np
 import pytest
+from conftest import THREADS
 
 from localspec.backend import Context, Model, sync_cache
-from localspec.batching import PROMPT_SLICE, Batcher, Pass
-from localspec.caches.promptfills import PromptFills
-from localspec.caches.swap import SwapSpace
+from localspec.chat_format import Message
 from localspec.config import GenConfig, LoadConfig
 from localspec.costs.costmodel import CostProfile, best_k, best_k_shared
-from localspec.chat_format import Message
 from localspec.engine import Engine
-from localspec.serving import ServingEngine
 from localspec.errors import PassInterrupted
-from localspec.caches.promptcache import PromptCache
+from localspec.serving.batching import PROMPT_SLICE, Batcher, Pass
+from localspec.serving.caches.promptcache import PromptCache
+from localspec.serving.caches.promptfills import PromptFills
+from localspec.serving.caches.swap import SwapSpace
+from localspec.serving.engine import ServingEngine
 from localspec.verify import first_parting, logit_noise, plain_greedy_with_margins
-
-from conftest import THREADS
 
 
 def load(n_parallel: int, n_ctx: int = 2048, flash_attn: str = "on") -> LoadConfig:
@@ -328,7 +327,7 @@ def test_a_fill_that_ends_while_the_waiter_parks_its_lane_lets_it_through():
 
 
 def test_a_request_gets_the_lane_holding_its_prefix_and_idle_lanes_are_parked(shared):
-    from localspec.server.lanes import LanePool
+    from localspec.serving.lanes import LanePool
 
     shared.prompt_cache = PromptCache(shared.lanes[0].target, 64 << 20, lanes=[x.target for x in shared.lanes])
     try:
@@ -352,7 +351,7 @@ def test_a_quick_profile_gets_its_whole_curve_in_the_first_idle_moment_even_afte
     tokens, prices passes to 64 there, and leaves the lane holding the conversation it held."""
     from localspec.costs import idle
     from localspec.costs.costmodel import CURVE_SIZES
-    from localspec.server import worker
+    from localspec.serving import worker
 
     srv = worker.ModelWorker.__new__(worker.ModelWorker)
     srv.engine, srv.idle_watch = shared, None
@@ -381,10 +380,10 @@ def test_a_quick_profile_gets_its_whole_curve_in_the_first_idle_moment_even_afte
 
 
 def test_the_wait_queue_is_bounded(monkeypatch):
-    from localspec.server import worker
-    from localspec.server.jobqueue import JobQueue
-    from localspec.server.metrics import Metrics
-    from localspec.server.apierrors import ApiError
+    from localspec.errors import Unavailable
+    from localspec.serving import worker
+    from localspec.serving.jobqueue import JobQueue
+    from localspec.serving.metrics import Metrics
 
     monkeypatch.setattr(worker, "MAX_WAITING", 2)
     srv = worker.ModelWorker.__new__(worker.ModelWorker)  # no lanes: every job stays waiting
@@ -393,9 +392,8 @@ def test_the_wait_queue_is_bounded(monkeypatch):
     job = lambda: worker.Job(lambda engine: ([], None), None, lambda event: None)  # noqa: E731
     srv.submit(job())
     srv.submit(job())
-    with pytest.raises(ApiError) as e:
+    with pytest.raises(Unavailable, match="waiting"):
         srv.submit(job())
-    assert e.value.status == 503 and "waiting" in str(e.value)
 
 
 class FakeCtx:
@@ -507,11 +505,11 @@ def test_the_draft_models_passes_and_the_cost_measurement_run_on_the_batch_threa
         worker.start()
         worker.join()
         assert e.lanes[1].last_stats.drafted_by_drafter.get("model", 0) > 0 and got
-        assert e.decoding(lambda: e.target.eval(tokens(e, "hi"), logits="last", seq=0)) is not None
+        assert e.on_decode_thread(lambda: e.target.eval(tokens(e, "hi"), logits="last", seq=0)) is not None
         assert set(ran_in) == {"localspec-batch"}
         with pytest.raises(ZeroDivisionError):
-            e.decoding(lambda: 1 / 0)
-        assert e.decoding(lambda: e.decoding(lambda: 7)) == 7  # asked from the batch thread itself: run there
+            e.on_decode_thread(lambda: 1 / 0)
+        assert e.on_decode_thread(lambda: e.on_decode_thread(lambda: 7)) == 7  # asked from the batch thread itself: run there
     finally:
         e.close()
 
@@ -520,7 +518,7 @@ def test_a_request_lets_idle_work_hand_back_its_deep_lane_before_choosing(shared
     """Idle work holds the last request's lane, filled deep; a request arriving meanwhile waits for it
     to give way (bounded), then takes that lane when it holds its conversation, or has it parked before
     evaluating anything: its cells would otherwise sit beside the request's, attended over every pass."""
-    from localspec.server.lanes import LanePool
+    from localspec.serving.lanes import LanePool
 
     shared.prompt_cache = PromptCache(shared.lanes[0].target, 64 << 20, lanes=[x.target for x in shared.lanes])
     try:
@@ -564,7 +562,7 @@ def test_a_request_lets_idle_work_hand_back_its_deep_lane_before_choosing(shared
 def test_a_repeated_prompt_is_restored_even_when_it_saves_only_a_few_tokens(shared):
     """A snapshot holding the whole prompt is restored when it saves a few tokens (a copy of 2.6 us a
     token of the snapshot against ~20 ms a token of a short pass); a huge snapshot needs a larger gain."""
-    from localspec.caches.promptcache import restore_pays
+    from localspec.serving.caches.promptcache import restore_pays
 
     assert restore_pays(1, 150) and restore_pays(14, 4000) and not restore_pays(3, 19000)
     shared.prompt_cache = PromptCache(shared.lanes[0].target, 64 << 20, lanes=[x.target for x in shared.lanes])
@@ -634,7 +632,7 @@ def test_a_step_of_background_passes_gives_way_to_work_a_request_hands_to_the_ba
     """A request's draft-model pass (or its first cost measurement) goes to the batch thread as a call;
     an idle measurement's step in flight gives way to it as to a request's pass, instead of making it
     wait the step out (0.3-1.0 s a completion with llama.vim, measured, 64-token passes ~1,200 deep)."""
-    from localspec.batching import _Call
+    from localspec.serving.batching import _Call
 
     model = Model(tiny.target)
     ctx = Context(model, 1024, 512, THREADS, THREADS, n_seq=2)

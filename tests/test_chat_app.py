@@ -362,8 +362,8 @@ def test_spec_auto_measures_costs_and_estimates_the_speedup(tiny, monkeypatch):
 
 
 def test_estimated_speedup_from_rounds_and_pass_costs():
-    from localspec.costs.predictions import estimated_speedup
     from localspec.costs.costmodel import CostProfile
+    from localspec.costs.predictions import estimated_speedup
     from localspec.stats import Stats
 
     prof = CostProfile(t_decode=1.0, t_verify=[1.0, 1.5, 2.0, 2.5, 3.0], t_draft=0.1)
@@ -457,7 +457,7 @@ def test_a_conversation_the_page_started_opens_with_its_sources(tiny):
     from starlette.testclient import TestClient
 
     from localspec.server.app import create_app
-    from localspec.server.http import ServerState
+    from localspec.server.state import ServerState
 
     page = TestClient(create_app(ServerState()), base_url="http://127.0.0.1:8012")
     cid = page.post("/localspec/conversations", json={"system": "Be brief."}).json()["id"]

@@ -17,10 +17,10 @@ from serverproc import ServerProcess
 from test_chat_app import SIZE, notices, send, status_text, wait_until
 
 from localspec.chat.app import ChatApp
-from localspec.commands.chat import parse_chat_args
 from localspec.chat_format import Message
 from localspec.client import connect as client
 from localspec.client.remote import RemoteEngine, RemoteSession
+from localspec.commands.chat import parse_chat_args
 
 CTX = "1024"
 

@@ -6,8 +6,8 @@ import json
 
 import pytest
 
-from localspec.history import HistoryStore
 from localspec.cli import main
+from localspec.history import HistoryStore
 
 
 @pytest.fixture

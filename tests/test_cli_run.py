@@ -242,7 +242,7 @@ def test_flash_attention_auto_is_off_on_a_cpu_and_asked_settings_are_kept():
 
 
 def test_flash_attention_off_gives_the_same_greedy_answer_and_its_own_keys(tiny, cli):
-    from localspec.caches.promptdisk import pair_key
+    from localspec.serving.caches.promptdisk import pair_key
 
     runs = {fa: cli("run", *pair(tiny), "-fa", fa, "-n", "12", "--temperature", "0", "--spec", "on", "--json", "hi")
             for fa in ("auto", "off", "on")}

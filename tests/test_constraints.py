@@ -15,8 +15,8 @@ from test_engine import _chi2_fails, bad, greedy, perturbed, pool_eog, run, same
 from localspec.backend import GrammarSampler
 from localspec.config import GenConfig
 from localspec.decoding.constraints import schema_grammar
-from localspec.errors import ConfigError
 from localspec.decoding.sampling import logits_to_probs
+from localspec.errors import ConfigError
 
 WORDS_GBNF = 'root ::= w{8,}\nw ::= " cache" | " model" | " fast" | " draft" | " data"'
 WORDS_RE = re.compile(r"( cache| model| fast| draft| data){8,}")
@@ -103,8 +103,8 @@ def test_json_schema_grammar_validates():
 
 @pytest.mark.realpair
 def test_real_pair_json_schema_and_logit_bias_are_exact_under_speculation(tmp_path, monkeypatch):
-    from localspec.config import LoadConfig
     from localspec.chat_format import Message
+    from localspec.config import LoadConfig
     from localspec.engine import Engine
 
     paths = real_pair_paths()

@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 import pytest
-
-from localspec.costs import tuning
-from localspec.costs import predictions as predict
 from conftest import THREADS
 
 from localspec.config import LoadConfig
+from localspec.costs import predictions as predict
+from localspec.costs import tuning
 from localspec.costs.costmodel import CostProfile, best_k, expected_tokens, predicted_speedup
 from localspec.engine import Engine
 

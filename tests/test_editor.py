@@ -14,11 +14,11 @@ from serverproc import ServerProcess
 
 from localspec.backend import common_prefix
 from localspec.config import GenConfig, LoadConfig
-from localspec.serving import ServingEngine
 from localspec.fim.layout import fim_stop_tokens
 from localspec.fim.windows import EditorWindows, FimBudget
-from localspec.caches.promptcache import PromptCache
-from localspec.server.jobqueue import JobQueue
+from localspec.serving.caches.promptcache import PromptCache
+from localspec.serving.engine import ServingEngine
+from localspec.serving.jobqueue import JobQueue
 
 FILE = ["def read the file", "    for line in data", "        write the code", "    return value",
         "def parse the csv file", "    return list", "def hello world", "    the cache is fast"] * 6

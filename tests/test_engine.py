@@ -7,11 +7,11 @@ import pytest
 from conftest import GPU_LAYERS, THREADS
 
 from localspec.backend import Context, common_prefix
-from localspec.config import GenConfig, LoadConfig
 from localspec.chat_format import Message
+from localspec.config import GenConfig, LoadConfig
+from localspec.decoding.sampling import logits_to_probs
 from localspec.engine import Engine
 from localspec.errors import IncompatiblePairError
-from localspec.decoding.sampling import logits_to_probs
 from localspec.verify import logit_noise, verify_exactness
 
 PROMPTS = ["hello world", "write the code to read a csv file", "the cache is fast and the model is slow",

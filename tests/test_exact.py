@@ -18,8 +18,8 @@ from tinygguf import build_tiny_model
 
 from localspec.config import GenConfig, LoadConfig
 from localspec.costs.costmodel import CostProfile
-from localspec.engine import Engine
 from localspec.decoding.policy import REPEATABLE_MIN_MATCH
+from localspec.engine import Engine
 from localspec.server.apierrors import ApiError
 from localspec.server.settings import gen_settings
 

@@ -95,10 +95,11 @@ def _deferred(metrics) -> float:
 def test_a_waiter_that_hangs_up_leaves_the_queue_at_once():
     """The count that refuses requests with a 503 is of waiters that are there (on the real pair,
     scripts/fault-check holds every lane with a long stream and lets 68 clients hang up)."""
-    from localspec.server.jobqueue import JobQueue
-    from localspec.server.metrics import Metrics
-    from localspec.server.apierrors import ApiError
-    from localspec.server.worker import MAX_WAITING, Job, ModelWorker
+    from localspec.errors import Unavailable
+    from localspec.serving.job import Job
+    from localspec.serving.jobqueue import JobQueue
+    from localspec.serving.metrics import Metrics
+    from localspec.serving.worker import MAX_WAITING, ModelWorker
 
     srv = ModelWorker.__new__(ModelWorker)  # its queue and counters alone: no lane takes a job
     srv.jobs = JobQueue(lambda job: None)
@@ -106,7 +107,7 @@ def test_a_waiter_that_hangs_up_leaves_the_queue_at_once():
     jobs = [Job(None, None, lambda item: None) for _ in range(MAX_WAITING)]
     for job in jobs:
         srv.submit(job)
-    with pytest.raises(ApiError, match="already waiting"):
+    with pytest.raises(Unavailable, match="already waiting"):
         srv.submit(Job(None, None, lambda item: None))
     for job in jobs:
         srv.jobs.withdraw(job)

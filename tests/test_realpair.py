@@ -31,11 +31,11 @@ def test_real_pair_speculates_on_code(real_pair, capsys):
 
 @pytest.mark.realpair
 def test_real_pair_speculative_greedy_matches_plain_up_to_near_ties(real_pair):
+    from conftest import GPU_LAYERS
+
     from localspec.config import GenConfig, LoadConfig
     from localspec.engine import Engine
     from localspec.verify import verify_exactness
-
-    from conftest import GPU_LAYERS
 
     e = Engine(real_pair[0], real_pair[1], LoadConfig(n_ctx=1024, n_gpu_layers_target=GPU_LAYERS[0],
                                                       n_gpu_layers_draft=GPU_LAYERS[1]))

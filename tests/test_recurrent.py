@@ -12,10 +12,10 @@ from tinyarch import build_tiny_arch
 
 from localspec.backend import rollback
 from localspec.backend.passes import Cuts
-from localspec.models.archs import rollback_of
 from localspec.config import GenConfig, LoadConfig
 from localspec.engine import Engine
-from localspec.serving import ServingEngine
+from localspec.models.archs import rollback_of
+from localspec.serving.engine import ServingEngine
 
 ARCHS = {"mamba": rollback.CHECKPOINT, "lfm2": rollback.SNAPSHOT, "qwen35": rollback.SNAPSHOT}
 TEXT = "the cache model token draft target fast slow " * 3

@@ -11,12 +11,12 @@ from tinygguf import FIM_TOKENS
 
 from localspec.config import GenConfig, LoadConfig
 from localspec.decoding.ngram import NgramDrafter
-from localspec.serving import ServingEngine
 from localspec.fim import layout as fimmod
-from localspec.server import infill
 from localspec.server.apierrors import ApiError
-from localspec.server.llama_api import pick_fields
+from localspec.server.protocols.llama_api import pick_fields
 from localspec.server.settings import gen_settings
+from localspec.serving import limits
+from localspec.serving.engine import ServingEngine
 
 
 @pytest.fixture(scope="module")
@@ -68,15 +68,15 @@ class Clock:
 
 def test_line_limits_on_a_fake_clock(monkeypatch):
     clock = Clock()
-    monkeypatch.setattr(infill.time, "perf_counter", clock)
-    lim = infill.LineLimits(n_indent=4)
+    monkeypatch.setattr(limits.time, "perf_counter", clock)
+    lim = limits.LineLimits(n_indent=4)
     assert lim.push("x = 1\n") == ("x = 1\n", False)  # the first line is never checked
     assert lim.push("    y") == ("    y", False)
     assert lim.push(" = 2\n  ") == (" = 2\n", False)  # indentation is held until the line shows itself
     assert lim.push("  z\n") == ("    z\n", False)  # four spaces: kept
     assert lim.push("\n") == ("\n", False)  # a blank line is fine
     assert lim.push("  bad") == ("", True)  # dedented: cut, stop
-    timed = infill.LineLimits(t_max_predict_ms=100)
+    timed = limits.LineLimits(t_max_predict_ms=100)
     assert timed.push("a") == ("a", False)  # the clock starts at the first token
     clock.t = 0.05
     assert timed.push("b\n") == ("b\n", False)
@@ -132,8 +132,8 @@ def test_a_repeated_request_drafts_from_the_earlier_answer(fim_engine):
 def test_a_long_prompt_outlives_the_process_on_disk(tiny, tmp_path):
     """A prompt evaluated once is restored from disk by a new engine (a restarted server), verified first:
     a corrupt entry is deleted and evaluated again, never loaded; another pair's entries are not seen."""
-    from localspec.caches.promptcache import PromptCache
-    from localspec.caches.promptdisk import SAVE_MIN, DiskPrompts, pair_key
+    from localspec.serving.caches.promptcache import PromptCache
+    from localspec.serving.caches.promptdisk import SAVE_MIN, DiskPrompts, pair_key
 
     load = LoadConfig(n_ctx=4096, n_threads=THREADS, n_threads_batch=THREADS)
     prompt = [(i * 7) % 200 + 3 for i in range(SAVE_MIN + 300)]
@@ -174,7 +174,7 @@ def test_a_long_prompt_outlives_the_process_on_disk(tiny, tmp_path):
 
 @pytest.mark.parametrize("meta", ["[]", "null", "7", '"text"', "{not json", '{"format": 1}'])
 def test_a_saved_prompt_entry_that_is_not_one_is_dropped_with_a_warning(tmp_path, meta):
-    from localspec.caches.promptdisk import DiskPrompts
+    from localspec.serving.caches.promptdisk import DiskPrompts
 
     warnings = []
     disk = DiskPrompts(tmp_path, "model.gguf", 256 << 20, warnings.append)
@@ -202,7 +202,7 @@ def test_tool_calls_with_doubled_braces_are_parsed():
 
 
 def test_log_requests_timing_line_is_whole():
-    from localspec.server.worker import timing_line
+    from localspec.serving.worker import timing_line
     from localspec.stats import Stats
 
     st = Stats(prompt_tokens=18734, prompt_eval_tokens=40, prompt_eval_s=6.4, tokens=25, generation_s=5.0,
@@ -240,8 +240,8 @@ def test_idle_measurements_wait_while_other_programs_use_the_cpu(tmp_path):
     noise, and it would take the cores from that program)."""
     import os
 
-    from localspec.server.worker import ModelWorker
     from localspec.costs.threads import CpuWatch
+    from localspec.serving.worker import ModelWorker
 
     stat = tmp_path / "stat"
     stat.write_text("cpu  1000 0 1000 50000 0 0 0 0 0 0\n")
@@ -270,9 +270,9 @@ def test_a_servers_first_measurements_wait_for_idle_time_and_a_quiet_machine(tin
     meanwhile, and after giving way to one it waits before trying again."""
     from localspec.config import LoadConfig
     from localspec.costs import idle, tuning
-    from localspec.server import worker
-    from localspec.server.jobqueue import JobQueue
-    from localspec.server.lanes import LanePool
+    from localspec.serving import worker
+    from localspec.serving.jobqueue import JobQueue
+    from localspec.serving.lanes import LanePool
 
     monkeypatch.setattr(tuning, "noisy_sizes", lambda samples: [])  # the tiny model's passes take microseconds
     srv = worker.ModelWorker.__new__(worker.ModelWorker)

@@ -13,9 +13,9 @@ from starlette.testclient import TestClient
 
 from localspec.cli import main
 from localspec.history import HistoryStore
-from localspec.server import webui
 from localspec.server.app import create_app
-from localspec.server.http import ServerState
+from localspec.server.page import webui
+from localspec.server.state import ServerState
 
 STATIC = webui.STATIC
 HTML = {"Accept": "text/html,application/xhtml+xml,*/*;q=0.8"}

@@ -17,7 +17,6 @@ import zlib
 from pathlib import Path
 
 import numpy as np
-
 from tinygguf import CHATML, N_CTX_TRAIN, tiny_vocab
 
 ARCHS = ("mamba", "mamba2", "lfm2", "qwen35", "granitehybrid", "nemotron_h")

@@ -11,12 +11,11 @@ from typing import Callable
 import numpy as np
 
 from ..errors import ContextFullError, ModelLoadError, PassInterrupted
-from .model import Model
 from . import rollback
 from .fill import common_prefix, sync_cache
+from .model import Model
 from .passes import Cuts
 from .rollback import PARTIAL, SNAPSHOT, Checkpoints, MissCost
-
 
 FLASH_ATTN = {"auto": -1, "off": 0, "on": 1}  # llama_flash_attn_type
 KV_TYPES = {"f16": 1, "bf16": 30}  # ggml_type of the K and V caches
@@ -25,7 +24,7 @@ OWED_MAX = 8  # a verify pass carries at most this many owed tokens (they would 
 
 class Context:
     """One llama_context. Sequence 0 is the default one (`tokens`); with n_seq > 1 the sequences share
-    one unified KV cache (a server's parallel requests, `batching.py`), each with its tokens in
+    one unified KV cache (a server's parallel requests, `serving/batching.py`), each with its tokens in
     `seq_tokens`. Every call into llama.cpp holds `lock`, so threads may share a context."""
 
     def __init__(self, model: Model, n_ctx: int = 4096, n_batch: int = 512, n_threads: int | None = None,

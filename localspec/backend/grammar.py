@@ -6,9 +6,7 @@ import ctypes
 
 import numpy as np
 
-
 from .model import Model
-
 
 TOKEN_DATA = np.dtype([("id", "<i4"), ("logit", "<f4"), ("p", "<f4")])  # llama_token_data
 

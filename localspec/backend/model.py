@@ -11,10 +11,10 @@ from pathlib import Path
 
 import numpy as np
 
-from ..pairing import VocabInfo
 from ..errors import ModelLoadError
 from ..machine import amx_build_at_risk
 from ..models.gguf_header import check_model_file
+from ..pairing import VocabInfo
 
 _init_lock = threading.Lock()
 _backend_ready = False

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+
 def make_plots(doc: dict, base: Path) -> list[tuple[str, str]]:
     """Write PNGs next to `base` (a path without suffix); return [(title, file name)].
     Raises ImportError when matplotlib is not installed."""

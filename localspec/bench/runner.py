@@ -19,9 +19,9 @@ import math
 import statistics
 from dataclasses import dataclass
 
+from ..chat_format import Message
 from ..config import GenConfig
 from ..costs.costmodel import CostProfile
-from ..chat_format import Message
 from ..errors import ConfigError
 from ..fim.layout import fim_stop_tokens, infill_tokens
 from ..stats import Stats

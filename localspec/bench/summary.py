@@ -10,6 +10,7 @@ from ..costs.costmodel import CostProfile
 from ..stats import Stats
 from .workloads import BUILTIN
 
+
 def spread(values: list[float]) -> dict | None:
     vals = [v for v in values if v is not None]
     if not vals:

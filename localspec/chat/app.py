@@ -23,9 +23,9 @@ from textual.widgets import Footer, LoadingIndicator, Static
 
 from ..chat_format import Message
 from ..errors import LocalspecError
+from ..history import HistoryError, HistoryStore
 from ..session import gen_config
 from .context import reply_reserve, turns_to_drop
-from ..history import HistoryError, HistoryStore
 from .loading import LoadingEvents
 from .messages import Turn
 from .options import ChatOptions
@@ -36,7 +36,6 @@ from .state import State
 from .status import Live, format_status
 from .widgets import AssistantMessage, Notice, PromptInput, StatusBar, UserMessage
 from .workers import generate_reply
-
 
 MAX_VIEWS = 200  # messages and notices kept on screen (older ones stay in the history)
 

@@ -12,11 +12,11 @@ import time
 from pathlib import Path
 from typing import Callable
 
-from ..errors import ContextFullError, LocalspecError
 from ..client.remote import attach
-from ..session import GenChoice, ModelChoice, Session, SessionFace
 from ..costs import idle
 from ..costs.threads import quiet_watch
+from ..errors import ContextFullError, LocalspecError
+from ..session import GenChoice, ModelChoice, Session, SessionFace
 from .messages import (
     Loaded,
     LoadFailed,

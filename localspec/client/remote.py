@@ -16,11 +16,11 @@ import socket
 from dataclasses import dataclass
 from typing import Callable, Iterator
 
-from ..costs.costmodel import CostProfile
 from ..chat_format import Message
-from ..text import Chunk
+from ..costs.costmodel import CostProfile
 from ..errors import LocalspecError
 from ..session import GenChoice, ModelChoice, Selection, gen_config
+from ..text import Chunk
 from . import connect as client
 
 

@@ -250,7 +250,8 @@ def _fill_doc(doc: dict, spec: str, report_path: str | None) -> None:
 
 
 def _write_report(doc: dict, path: Path) -> None:
-    from ..bench import plots as bench_plots, report
+    from ..bench import plots as bench_plots
+    from ..bench import report
 
     if path.suffix.lower() != ".md":
         raise ConfigError(f"--report {path}: give a file name ending in .md")

@@ -5,10 +5,10 @@ from __future__ import annotations
 import json
 import sys
 
+from ..costs import idle
+from ..costs.threads import quiet_watch
 from ..errors import ConfigError, LocalspecError
 from ..session import Session, gen_config, load_config, open_engine, select_models
-from ..costs.threads import quiet_watch
-from ..costs import idle
 from .common import add_gen_args, add_model_args, gen_choice, model_choice, pos_int, stderr_note
 
 

@@ -17,7 +17,6 @@ from .common import (
     stderr_note,
 )
 
-
 DEFAULT_PARALLEL = 4
 MAX_PARALLEL = 64
 

@@ -105,11 +105,11 @@ def engine_pending(engine) -> bool:
 
 def measure_for(engine, stop=None, busy=None) -> str | None:
     """measure_kernel for a loaded engine whose kernel is still to be measured (None otherwise), on the thread
-    that decodes (batching.py says why only one may); the choice applies from the next load."""
+    that decodes (serving/batching.py says why only one may); the choice applies from the next load."""
     if not engine_pending(engine):
         return None
     load = engine.load
-    return engine.decoding(lambda: measure_kernel(engine.target_model, load.n_threads, load.n_threads_batch,
+    return engine.on_decode_thread(lambda: measure_kernel(engine.target_model, load.n_threads, load.n_threads_batch,
                                                   stop, busy))
 
 

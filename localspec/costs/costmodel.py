@@ -16,10 +16,9 @@ from __future__ import annotations
 import json
 import math
 import time
-from functools import lru_cache
 from dataclasses import asdict, dataclass, field, replace
+from functools import lru_cache
 from pathlib import Path
-
 
 
 def expected_tokens(alpha: float | list[float], k: int) -> float:
@@ -178,7 +177,8 @@ def best_k_shared(alpha: float | list[float], k_max: int, costs: CostProfile, so
     (others + 1) / T(rows + 1). Alone (rows 0) this is best_k."""
     if rows <= 0:
         return best_k(alpha, k_max, costs, source, t_miss)
-    draft = lambda k: 0.0 if k == 0 else k * (costs.t_draft or 0.0) if source == "model" else costs.t_ngram
+    def draft(k: int) -> float:
+        return 0.0 if k == 0 else k * (costs.t_draft or 0.0) if source == "model" else costs.t_ngram
     plain = (others + 1) / costs.verify(rows + 1)
     best, best_rate = 0, plain
     for k in range(1, k_max + 1):

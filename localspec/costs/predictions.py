@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from .costmodel import CostProfile, expected_tokens, plausible
 
-
 # Predicted speedups from measured pass costs, beside the measured ones.
 #
 # Two predictions, both relative to plain decoding at 1 token per T_decode:

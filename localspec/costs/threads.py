@@ -22,7 +22,6 @@ import resource
 import time
 from typing import Callable
 
-
 OTHERS_BUSY = 0.3  # of a core: another program is working, so a measurement now would be noise (and steal from it)
 
 

@@ -17,8 +17,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .. import paths
-from .costmodel import CURVE_SIZES, QUICK_SIZES, CostProfile, densify, plausible, timed_pass
 from ..errors import PassInterrupted
+from .costmodel import CURVE_SIZES, QUICK_SIZES, CostProfile, densify, plausible, timed_pass
 
 
 def profile_key(engine) -> str:
@@ -124,7 +124,7 @@ def _quick_attempt(engine, rounds: CostRounds, stop, last: bool) -> CostProfile 
             return None
         try:
             with engine.unobserved():
-                timed = engine.decoding(one_round)
+                timed = engine.on_decode_thread(one_round)
         except PassInterrupted:
             return None
         for key, dt in (timed if rounds.done >= QUICK_WARMUP else ()):
@@ -298,8 +298,8 @@ def check_pair(target: Path, draft: Path) -> None:
     """llama.cpp's draft/target rules (pairing.py) from the two GGUF headers, so the draft model can
     load later, only when a round drafts with it. A verdict of "compatible" is kept per pair of files
     (name, size, mtime): the header check reads both vocabularies (Qwen's has 151,936 tokens)."""
-    from ..pairing import require_compatible
     from ..models.check import vocab_info_from_header
+    from ..pairing import require_compatible
 
     key = f"{_file_key(target)} | {_file_key(draft)}"
     store = paths.home() / "compatible-pairs.json"

@@ -17,8 +17,8 @@ import numpy as np
 from ..backend import Context, common_prefix
 from ..backend.rollback import PARTIAL
 from ..config import GenConfig
-from .draft import Draft
 from ..errors import ConfigError
+from .draft import Draft
 from .ngram import NgramDrafter
 from .sampling import logits_to_probs, sample
 

@@ -14,10 +14,10 @@ import numpy as np
 
 from ..backend import Context
 from ..config import GenConfig
-from .draft import Draft
 from ..errors import ContextFullError
-from .sampling import accept_greedy, accept_sampled, apply_logit_bias
 from ..stats import Stats
+from .draft import Draft
+from .sampling import accept_greedy, accept_sampled, apply_logit_bias
 
 NO_DRAFT = Draft()
 

@@ -10,8 +10,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .. import paths
-from ..pairing import first_mismatch
 from ..errors import LocalspecError
+from ..pairing import first_mismatch
 from .check import vocab_info_from_header
 from .gguf_header import GgufHeaderError
 from .registry import DEFAULT_PAIR, load_registry

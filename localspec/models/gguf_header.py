@@ -16,7 +16,6 @@ pair name from models.yaml (the pair's target or draft, depending on the side).
 from __future__ import annotations
 
 import functools
-
 import os
 import struct
 from dataclasses import dataclass

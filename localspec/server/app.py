@@ -22,12 +22,13 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from . import (anthropic_api, conversations_api, llama_api, models_api, ollama_api, ollama_models, openai_api,
-               responses_api, webui)
-from .guard import Guard, GuardRules
-from .http import ServerState, endpoint, error_response, openai_error
 from .apierrors import ApiError
+from .guard import Guard, GuardRules
+from .http import endpoint, error_response, openai_error
+from .page import conversations_api, webui
+from .protocols import anthropic_api, llama_api, models_api, ollama_api, ollama_models, openai_api, responses_api
 from .router import placeholder_router
+from .state import ServerState
 
 PROTOCOLS = (llama_api, openai_api, anthropic_api, responses_api, ollama_api, ollama_models, models_api)
 PAGE = (webui, conversations_api)  # the chat page and the conversations it keeps on the server

@@ -1,8 +1,6 @@
-"""What every protocol's handlers share: the server's state, authentication and the loading state,
-errors in the protocol's own shape, JSON bodies (parsed strictly, the model they name), a queued
-generation seen from the event loop, and streamed responses. Protocol modules build on this, on
-`settings` (each field validated on its own) and on `chat`; none imports another.
-"""
+"""What every route shares on the way in: authentication, the model a request names (loaded on demand by the
+router), the loading state, JSON bodies parsed strictly, and errors in the protocol's own shape. What a
+request becomes after that is `bridge.Run`'s."""
 
 from __future__ import annotations
 
@@ -12,26 +10,20 @@ import re
 from typing import Any, Callable
 
 from starlette.requests import Request
-from starlette.responses import Response, StreamingResponse
+from starlette.responses import Response
 
+from ..serving.log import log_unexpected
+from .apierrors import ApiError
 from .guard import MAX_BODY_BYTES
-from .apierrors import ApiError, log_unexpected
-from .settings import Extras
+from .settings import keep_alive_seconds
 from .state import ServerState
-from .worker import Job
 
 # no API key needed, as in llama-server (health, the model list) and Ollama (its liveness answer)
 PUBLIC = {"/", "/health", "/v1/health", "/models", "/v1/models", "/api/version"}
 PUBLIC_PREFIX = "/webui/"  # the page's files: the page asks for the key, then sends it on every call
-POLL_S = 0.25  # how often a waiting non-streamed request checks that its client is still there
 BIG_BODY_BYTES = 256 << 10  # parsed off the event loop above this, so /health and streams never stall
 
 ErrorShape = Callable[[ApiError], dict]  # a protocol's error body
-# While a long prompt evaluates (an agent's 10-20k tokens take minutes on a laptop CPU) an SSE stream sends
-# a comment this often: SSE parsers skip it, and clients that end a silent stream (Node's fetch after 300 s)
-# see bytes arrive.
-KEEPALIVE_S = 10.0
-KEEPALIVE = ": keep-alive\n\n"
 
 
 def openai_error(e: ApiError) -> dict:
@@ -84,11 +76,11 @@ def is_public(path: str) -> bool:
 
 def require_serving(state: ServerState) -> None:
     """503 unless the pair is loaded and its generation thread takes work."""
-    if state.server is None:
+    if state.worker is None:
         raise ApiError(503, state.load_error or "Loading model")
-    if state.server.closing:
+    if state.worker.closing:
         raise ApiError(503, "the server is shutting down")
-    if not state.server.alive:
+    if not state.worker.alive:
         raise ApiError(503, "the generation thread has stopped; restart the server (its log says why)")
 
 
@@ -167,27 +159,6 @@ def requested_model(body: dict) -> str | None:
     return v
 
 
-_DURATION = re.compile(r"(-?\d+(?:\.\d+)?)(ms|s|m|h)")
-_UNIT_S = {"ms": 0.001, "s": 1, "m": 60, "h": 3600}
-
-
-def keep_alive_seconds(v) -> float | None:
-    """Ollama's `keep_alive`: seconds as a number, or a Go duration ("5m", "1h30m", "-1", "0");
-    negative: stay loaded; 0: unload once the request ends; None: the server's default."""
-    if v is None:
-        return None
-    if isinstance(v, (int, float)) and not isinstance(v, bool):
-        return float(v)
-    if isinstance(v, str):
-        text = v.strip()
-        if re.fullmatch(r"-?\d+(\.\d+)?", text):
-            return float(text)
-        parts = _DURATION.findall(text)
-        if parts and "".join(n + u for n, u in parts) == text:
-            return sum(float(n) * _UNIT_S[u] for n, u in parts)
-    raise ApiError(400, '"keep_alive" must be seconds or a duration such as "5m", "1h", "-1" (stay) or 0 (unload)')
-
-
 async def read_json(request: Request) -> dict:
     """The body as a JSON object: JSON content only, at most MAX_BODY_BYTES, parsed in a thread when big."""
     cached = getattr(request.state, "json_body", None)
@@ -213,98 +184,3 @@ async def read_body(request: Request) -> dict:
     body = await read_json(request)
     requested_model(body)
     return body
-
-
-class Run:
-    """One queued job seen from the event loop: its events arrive on an asyncio queue."""
-
-    def __init__(self, state: ServerState, prepare, extras: Extras, background: bool = False, slot: str | None = None,
-                 priority: bool = False):
-        loop = asyncio.get_running_loop()
-        self.events: asyncio.Queue = asyncio.Queue()
-
-        def emit(item) -> None:
-            try:
-                loop.call_soon_threadsafe(self.events.put_nowait, item)
-            except RuntimeError:  # the event loop has closed (shutdown)
-                pass
-
-        self.job = Job(prepare, extras, emit, background=background, slot=slot, priority=priority)
-        self.stats = None  # the engine's Stats, once done
-        self.live = None  # (source, Stats so far) of the latest text piece, when the request asked for them
-        self.jobs = state.server.jobs
-        state.server.submit(self.job)
-
-    def cancel(self) -> None:
-        """The client is gone, or the response ended: the job ends (leaving the queue if it still waits)."""
-        self.jobs.withdraw(self.job)
-
-    async def next(self, request: Request | None = None, idle_s: float | None = None):
-        """The next event; a non-streamed request that lost its client cancels its job; ("idle", None)
-        after idle_s seconds without one (a long prompt evaluating), for streams that send keep-alives."""
-        waited = 0.0
-        while True:
-            try:
-                return await asyncio.wait_for(self.events.get(), POLL_S)
-            except asyncio.TimeoutError:
-                if request is not None and await request.is_disconnected():
-                    self.cancel()
-                    raise ApiError(499, "client closed the request")
-                waited += POLL_S
-                if idle_s is not None and waited >= idle_s:
-                    return "idle", None
-
-    async def start(self, request: Request) -> int:
-        kind, value = await self.next(request)
-        if kind == "error":
-            raise value
-        return value  # prompt length
-
-    async def texts(self, request: Request | None = None, idle_s: float | None = None):
-        """The answer's text pieces until the end (then `self.stats` is set); an error event raises;
-        None after idle_s seconds without text."""
-        while True:
-            kind, value = await self.next(request, idle_s)
-            if kind == "idle":
-                yield None
-            elif kind == "live":
-                self.live = value
-            elif kind == "text":
-                yield value
-            elif kind == "error":
-                raise value
-            else:
-                self.stats = value
-                return
-
-    async def collect(self, request: Request):
-        parts = [t async for t in self.texts(request)]
-        return "".join(parts), self.stats
-
-
-def sse(obj) -> str:
-    return f"data: {json.dumps(obj, ensure_ascii=False, separators=(',', ':'))}\n\n"
-
-
-def named_sse(obj: dict) -> str:
-    """SSE with each event named by its type (Anthropic's and the Responses API's framing)."""
-    return f"event: {obj.get('type', 'error')}\n{sse(obj)}"
-
-
-def stream(run: Run, events, media_type: str = "text/event-stream", frame=sse, errors: ErrorShape = openai_error):
-    """A streamed response from an async generator of objects (framed by `frame`; a str passes as it is);
-    an error ends the stream with an error object in the protocol's shape, never silently; a hang-up (or
-    any end) cancels the job."""
-    async def body():
-        try:
-            async for obj in events:
-                yield obj if isinstance(obj, str) else frame(obj)
-        except ApiError as e:
-            yield frame(errors(e))
-        except Exception as e:
-            log_unexpected("a stream", e)
-            yield frame(errors(ApiError(500, "the server failed while streaming; see its log")))
-        finally:
-            run.cancel()
-    return StreamingResponse(body(), media_type=media_type,
-                             headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})

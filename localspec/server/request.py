@@ -2,8 +2,8 @@
 figures every answer carries (llama-server's `timings`, localspec's own).
 
 A protocol module turns its request body into a `ChatRequest` (a conversation or a prompt of its own,
-tools, generation settings) and the events of `ChatRun` (`Text`, `ToolCall`, `End`) into its own JSON
-or stream: OpenAI chat completions, Anthropic Messages, OpenAI Responses and Ollama's API share the
+tools, generation settings), opens it as a `bridge.Run` and turns its events (`Text`, `ToolCall`, `End`)
+into its own JSON or stream: OpenAI chat completions, Anthropic Messages, OpenAI Responses and Ollama's API share the
 same engine, speculation, tools, constraints, prompt cache and stats underneath.
 """
 
@@ -16,16 +16,14 @@ from typing import Callable
 
 from starlette.requests import Request
 
-from ..config import GenConfig
 from ..chat_format import Message
+from ..config import GenConfig
 from ..errors import LocalspecError
-from .http import Run, ServerState, stream
-from .apierrors import ApiError, check_prompt_fits
+from .apierrors import ApiError, api_error, check_prompt_fits
+from .bridge import Run
 from .settings import Extras
-from .tools import CallStream, ToolRequest, call_grammar, require_tools_template, split_calls
-
-# Why an answer ended, in the internal terms each protocol names its own way
-END, STOP_SEQUENCE, LENGTH, TOOL_CALLS = "end", "stop_sequence", "length", "tool_calls"
+from .state import ServerState
+from .tools import ToolRequest, call_grammar, require_tools_template
 
 
 @dataclass
@@ -36,46 +34,6 @@ class ChatRequest:
     tools: ToolRequest | None = None
     prompt: Callable[[object], list[int]] | None = None  # engine -> tokens: a prompt that is not a conversation
     slot: str | None = None  # an editor slot (a newer request from it supersedes this one)
-
-
-@dataclass
-class Text:
-    text: str
-    live: tuple | None = None  # (source, Stats so far) when the request asked for per-piece figures
-
-
-@dataclass
-class ToolCall:
-    index: int
-    call: dict  # OpenAI's {"id", "type": "function", "function": {"name", "arguments": JSON text}}
-
-
-@dataclass
-class Idle:
-    """Nothing new for a while (a long prompt is evaluating): streams that keep alive say so."""
-
-
-@dataclass
-class End:
-    stats: object  # the engine's Stats
-    reason: str  # END | STOP_SEQUENCE | LENGTH | TOOL_CALLS
-    stop_word: str | None = None
-
-
-@dataclass
-class Answer:
-    """A whole (non-streamed) answer."""
-    content: str
-    calls: list[dict]
-    end: End
-
-
-def end_of(stats, calls: list) -> End:
-    if calls:
-        return End(stats, TOOL_CALLS)
-    if stats.stop_reason == "stop":
-        return End(stats, STOP_SEQUENCE, getattr(stats, "stop_word", None))
-    return End(stats, END if stats.stop_reason == "eos" else LENGTH)
 
 
 # --- the figures every protocol's answer carries: llama-server's `timings` and localspec's own ----------
@@ -132,50 +90,10 @@ def live_fields(live) -> dict:
     return {"timings": timings(st), "localspec": {"source": source or "target", "stats": st.to_dict()}}
 
 
-class ChatRun:
-    def __init__(self, run: Run, chat: ChatRequest, prompt_len: int):
-        self.run, self.chat, self.prompt_len = run, chat, prompt_len
-
-    async def events(self, request: Request | None = None, idle_s: float | None = None):
-        """Text as it is confirmed, each tool call whole once its block closes, then the End (an Idle
-        every idle_s seconds without any)."""
-        tools = self.chat.tools
-        calls = CallStream(tools.names) if tools else None
-        n = 0
-        async for piece in self.run.texts(request, idle_s):
-            if piece is None or calls is None:
-                yield Idle() if piece is None else Text(piece, self.run.live)
-                continue
-            content, new = calls.feed(piece)
-            if content:
-                yield Text(content)
-            for c in new:
-                yield ToolCall(n, c)
-                n += 1
-        if calls is not None:
-            content, new = calls.finish()
-            if content:
-                yield Text(content)
-            for c in new:
-                yield ToolCall(n, c)
-                n += 1
-        yield end_of(self.run.stats, calls.calls if calls else [])
-
-    def stream(self, events, **framing):
-        """The streamed response of `events` (http.stream: framed in the protocol's shape); it owns this run,
-        so a hang-up or any end cancels it."""
-        return stream(self.run, events, **framing)
-
-    async def answer(self, request: Request) -> Answer:
-        text, stats = await self.run.collect(request)
-        content, calls = split_calls(text, self.chat.tools.names) if self.chat.tools else (text, [])
-        return Answer(content, calls, end_of(stats, calls))
-
-
 def conversation(state: ServerState, messages: list[Message]) -> list[Message]:
     """The turns the model sees: `serve --system` goes first in conversations that bring no system turn."""
     turns = list(messages)
-    system = state.server.session.system
+    system = state.worker.session.system
     if system and not any(m.role == "system" for m in turns):
         turns.insert(0, Message("system", system))
     return turns
@@ -189,27 +107,28 @@ def _prepare(state: ServerState, chat: ChatRequest):
     return lambda engine: (engine.prompt_tokens(turns, tools=tools), chat.cfg)
 
 
-async def open_chat(request: Request, state: ServerState, chat: ChatRequest) -> ChatRun:
+async def open_chat(request: Request, state: ServerState, chat: ChatRequest) -> Run:
     """Queue the request; returns once its prompt is accepted (an error before any text raises)."""
     if chat.tools is not None:
-        require_tools_template(state.server.engine.chat_template())
+        require_tools_template(state.worker.engine.chat_template())
         forced = call_grammar(chat.tools)
         if forced and chat.cfg.grammar:
             raise ApiError(400, "a required tool call and a structured output format cannot both shape one answer")
         chat.cfg.grammar = forced or chat.cfg.grammar
     prompt = await _fitting_prompt(state, chat)
-    run = Run(state, lambda engine: (prompt, chat.cfg), chat.extras, slot=chat.slot)
-    return ChatRun(run, chat, await run.start(request))
+    run = Run(state, lambda engine: (prompt, chat.cfg), chat.extras, slot=chat.slot, tools=chat.tools)
+    await run.start(request)
+    return run
 
 
 async def _fitting_prompt(state: ServerState, chat: ChatRequest) -> list[int]:
     """The request's prompt tokens, made off the event loop before it queues: one that does not fit the
     context is a 400 at once, whatever the lanes are doing."""
-    engine = state.server.engine
+    engine = state.worker.engine
     try:
         prompt, _ = await asyncio.to_thread(_prepare(state, chat), engine)
     except LocalspecError as e:
-        raise ApiError(400, str(e)) from None
+        raise api_error(e) from None
     check_prompt_fits(engine, prompt)
     return prompt
 
@@ -219,7 +138,7 @@ async def prompt_size(engine, messages: list[Message], tools: list | None) -> in
     try:
         return len(await asyncio.to_thread(engine.prompt_tokens, messages, False, tools))
     except LocalspecError as e:
-        raise ApiError(400, str(e))
+        raise api_error(e) from None
 
 
 def joined_text(content, where: str, text_kinds: tuple[str, ...], skipped: tuple[str, ...] = ()) -> str:

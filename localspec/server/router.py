@@ -47,7 +47,7 @@ class Slot:
 
     @property
     def busy(self) -> bool:
-        srv = self.state.server if self.state is not None else None
+        srv = self.state.worker if self.state is not None else None
         return self.pending > 0 or (srv is not None and (bool(srv.jobs.running) or srv.jobs.qsize() > 0))
 
 
@@ -77,7 +77,7 @@ class LoadRecipe:
     """How every model is loaded: the user's choices, with each entry's files put in."""
     choice: ModelChoice
     gen: GenChoice
-    load: Callable  # (state, ModelChoice, GenChoice) -> bool, setting state.server or state.load_error
+    load: Callable  # (state, ModelChoice, GenChoice) -> bool, setting state.worker or state.load_error
     notify: Callable[[str], None] = print
 
 
@@ -204,15 +204,15 @@ class Router:
                 state = self.shared if slot is self.default else self.shared.sibling()
                 ok = await asyncio.to_thread(self.recipe.load, state, choice, self.recipe.gen)
                 if ok and self.closing:  # stopped while it loaded: freed now, not left to the process's exit
-                    await asyncio.to_thread(state.server.close, UNLOAD_WAIT_S)
+                    await asyncio.to_thread(state.worker.close, UNLOAD_WAIT_S)
                     ok, state.load_error = False, "the server is shutting down"
                 if ok:
-                    state.server.neighbours_busy = lambda: self.busy_besides(slot)
+                    state.worker.neighbours_busy = lambda: self.busy_besides(slot)
                     slot.state, slot.status = state, "loaded"
                     slot.last_used, slot.unload_when_idle = time.monotonic(), False
                     self.loads += 1
                     self._set_keep_alive(slot, None)
-                    self.recipe.notify(f"ready: {state.model_id} ({state.server.session.selection.describe()})")
+                    self.recipe.notify(f"ready: {state.model_id} ({state.worker.session.selection.describe()})")
                 else:
                     slot.status, slot.error = "failed", state.load_error or "the model did not load"
                     if not self.single:
@@ -277,9 +277,9 @@ class Router:
         if state is None:
             return
         slot.status, slot.state, slot.expires_at, slot.unload_when_idle = "unloaded", None, None, False
-        await asyncio.to_thread(state.server.close, UNLOAD_WAIT_S)
+        await asyncio.to_thread(state.worker.close, UNLOAD_WAIT_S)
         if state is self.shared:
-            state.server = None  # the default model is loaded again into the app's state
+            state.worker = None  # the default model is loaded again into the app's state
         self.recipe.notify(f"unloaded {slot.entry.name}" + (f" ({why})" if why else ""))
 
     # --- background: keep_alive, idle TTL, unload requests ----------------------------------------
@@ -303,13 +303,13 @@ class Router:
     def loaded_states(self) -> list[tuple[Slot, ServerState]]:
         """(slot, state) of each model loaded now, its ModelWorker there to ask."""
         return [(s, s.state) for s in list(self.slots)
-                if s.status == "loaded" and s.state is not None and s.state.server is not None]
+                if s.status == "loaded" and s.state is not None and s.state.worker is not None]
 
     def close_all(self) -> bool:
         """Shutdown: every model's session closed (False when one is still inside llama.cpp)."""
         freed = True
         for slot, state in self.loaded_states():
-            if not state.server.close():
+            if not state.worker.close():
                 freed = False
         return freed
 
@@ -332,6 +332,6 @@ def placeholder_router(state: ServerState) -> Router:
 def begin_shutdown_all(router: Router) -> None:
     router.closing = True
     for _, state in router.loaded_states():
-        if not state.server.closing:
-            threading.Thread(target=state.server.begin_shutdown, name="localspec-stop", daemon=True).start()
+        if not state.worker.closing:
+            threading.Thread(target=state.worker.begin_shutdown, name="localspec-stop", daemon=True).start()
 

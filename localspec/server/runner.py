@@ -16,13 +16,13 @@ from typing import Callable
 from ..errors import ConfigError, LocalspecError
 from ..fim.windows import EditorSettings
 from ..models.catalog import CatalogEntry
-from ..serving import ServingEngine
+from ..serving.engine import ServingEngine
+from ..serving.worker import ModelWorker
 from ..session import GenChoice, ModelChoice, Session
 from . import DEFAULT_PORT  # noqa: F401  (re-exported for the CLI)
 from .app import ServerState, create_app
 from .guard import GuardRules, is_loopback_name
 from .router import Budget, Limits, LoadRecipe, Router, Slot, begin_shutdown_all
-from .worker import ModelWorker
 
 UNLIMITED_TOKENS = 1 << 30  # like llama-server's n_predict -1: until EOS, a stop, or the context is full
 
@@ -65,7 +65,7 @@ def load_into(state: ServerState, models: ModelChoice, gen: GenChoice, notify: C
     for text in session.notes:
         notify(f"note: {text}")
     state.model_id, state.aliases = model_names(session)
-    state.server = ModelWorker(session, editor, log_requests)
+    state.worker = ModelWorker(session, editor, log_requests)
     return True
 
 

@@ -5,10 +5,12 @@ stop strings, speculation, predicted output, `logit_bias`, grammars and JSON sch
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass, field, replace
 
 from ..config import GenConfig
 from ..errors import LocalspecError
+from ..serving.job import BiasItem, JobOptions
 from .apierrors import ApiError
 
 SPEC_MODES = ("on", "off", "auto")
@@ -68,17 +70,35 @@ def stop_strings(body: dict) -> list[str]:
 
 
 
+_DURATION = re.compile(r"(-?\d+(?:\.\d+)?)(ms|s|m|h)")
+_UNIT_S = {"ms": 0.001, "s": 1, "m": 60, "h": 3600}
+
+
+def keep_alive_seconds(v) -> float | None:
+    """Ollama's `keep_alive`: seconds as a number, or a Go duration ("5m", "1h30m", "-1", "0");
+    negative: stay loaded; 0: unload once the request ends; None: the server's default."""
+    if v is None:
+        return None
+    if isinstance(v, (int, float)) and not isinstance(v, bool):
+        return float(v)
+    if isinstance(v, str):
+        text = v.strip()
+        if re.fullmatch(r"-?\d+(\.\d+)?", text):
+            return float(text)
+        parts = _DURATION.findall(text)
+        if parts and "".join(n + u for n, u in parts) == text:
+            return sum(float(n) * _UNIT_S[u] for n, u in parts)
+    raise ApiError(400, '"keep_alive" must be seconds or a duration such as "5m", "1h", "-1" (stay) or 0 (unload)')
+
+
 @dataclass
 class Extras:
-    """Per-request knobs that are not generation settings of the engine."""
+    """How a request's answer is framed (streamed, usage, the fields to send), beside the generation-time
+    options its job carries (`job`)."""
     stream: bool = False
     include_usage: bool = False
-    n_indent: int = 0  # /infill: stop at a new line indented less than this
-    t_max_predict_ms: int = 0  # stop at the first new line after this many ms of generation
     response_fields: list[str] = field(default_factory=list)
-    logit_bias: list = field(default_factory=list)  # [(token id or text, bias)], resolved by the worker
-    ignore_eos: bool = False  # llama-server's: every end-of-generation token banned (a bias of -inf)
-    timings_per_token: bool = False  # llama-server's: each streamed piece carries the figures so far
+    job: JobOptions = field(default_factory=JobOptions)
 
 
 def gen_settings(body: dict, defaults: GenConfig, oai: bool) -> tuple[GenConfig, Extras]:
@@ -109,9 +129,10 @@ def gen_settings(body: dict, defaults: GenConfig, oai: bool) -> tuple[GenConfig,
     cfg.prediction = prediction(body)
     cfg.exact = boolean(body, "exact", defaults.exact)  # localspec's: byte-identical to plain decoding
     cfg.grammar = requested_grammar(body)
-    extras = Extras(stream=boolean(body, "stream"), n_indent=integer(body, "n_indent", 0, 0),
-                    t_max_predict_ms=integer(body, "t_max_predict_ms", 0, 0), logit_bias=logit_bias(body),
-                    ignore_eos=boolean(body, "ignore_eos"), timings_per_token=boolean(body, "timings_per_token"))
+    options = JobOptions(n_indent=integer(body, "n_indent", 0, 0), t_max_predict_ms=integer(body, "t_max_predict_ms", 0, 0),
+                         logit_bias=logit_bias(body), ignore_eos=boolean(body, "ignore_eos"),
+                         timings_per_token=boolean(body, "timings_per_token"))
+    extras = Extras(stream=boolean(body, "stream"), job=options)
     so = body.get("stream_options")
     if so is not None:
         if not isinstance(so, dict):
@@ -144,9 +165,6 @@ def prediction(body: dict) -> str:
     raise bad
 
 
-BiasItem = tuple  # (token id or text, added logit; -inf bans)
-
-
 def logit_bias(body: dict) -> list[BiasItem]:
     """`logit_bias` as OpenAI sends it ({"15043": -100}) or as llama-server also takes it
     ([[15043, -1.5], ["Hello", false]]: a text stands for each of its tokens, false bans).
@@ -171,19 +189,6 @@ def logit_bias(body: dict) -> list[BiasItem]:
         elif isinstance(bias, bool) or not isinstance(bias, (int, float)) or not math.isfinite(bias):
             raise ApiError(400, f'"logit_bias": the bias for {tok!r} must be a number (or false to ban it)')
         out.append((tok, float(bias)))
-    return out
-
-
-def resolve_logit_bias(items: list[BiasItem], model, ignore_eos: bool = False) -> dict[int, float]:
-    """Token ids -> bias for this model; ids outside the vocabulary are a 400. ignore_eos bans every
-    end-of-generation token, as llama-server does."""
-    out: dict[int, float] = dict.fromkeys(model.eog_tokens(), -math.inf) if ignore_eos else {}
-    for tok, bias in items:
-        ids = [tok] if isinstance(tok, int) else model.tokenize(tok, add_special=False, parse_special=False)
-        for t in ids:
-            if not 0 <= t < model.n_vocab:
-                raise ApiError(400, f'"logit_bias" has a token id outside the vocabulary (0..{model.n_vocab - 1})')
-            out[t] = out.get(t, 0.0) + bias
     return out
 
 

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from .worker import ModelWorker
+from ..serving.worker import ModelWorker
 
 
 @dataclass
 class ServerState:
     api_key: str | None = None
-    server: ModelWorker | None = None  # None while loading
+    worker: ModelWorker | None = None  # the loaded model behind its queue; None while loading
     model_id: str = "localspec"
     aliases: set[str] = field(default_factory=set)
     load_error: str | None = None

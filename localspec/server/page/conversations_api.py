@@ -15,10 +15,11 @@ import threading
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from ..history import HistoryError, HistoryStore, to_json, to_markdown
-from .settings import boolean, string
-from .apierrors import ApiError
-from .http import ServerState, read_json
+from ...history import HistoryError, HistoryStore, to_json, to_markdown
+from ..apierrors import ApiError
+from ..http import read_json
+from ..settings import boolean, string
+from ..state import ServerState
 
 MAX_TITLE = 200
 STOP_REASONS = ("eos", "length", "stop", "cancelled", "context", "error", "limit")
@@ -85,7 +86,7 @@ async def create(request: Request, state: ServerState) -> Response:
     if string(body, "model") and not state.router.single:  # the page's picker: the model that will answer
         slot = state.router.find(string(body, "model"))
         served, name = slot.state or state.sibling(), slot.entry.name
-    sel = served.server.session.selection if served.server is not None else None
+    sel = served.worker.session.selection if served.worker is not None else None
     cid = await in_store(state, "new_conversation", pair=name, target=sel.target if sel else None,
                          draft=sel.draft if sel else None, system=string(body, "system"),
                          settings=_settings(body), title=_title(body) or "")

@@ -9,14 +9,14 @@ from typing import Any
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from ..chat_format import ROLE_ALIASES, ROLES, canonical_role
-from ..chat_format import Message
-from .apierrors import ApiError
-from .request import (LENGTH, TOOL_CALLS, ChatRequest, End, Idle, Text, ToolCall, end_of, live_fields,
-                      localspec_stats, new_id, open_chat, timings)
-from .http import KEEPALIVE, KEEPALIVE_S, Run, ServerState, read_body, require_serving, stream
-from .settings import MISSING, boolean, gen_settings
-from .tools import call_arguments, tool_request
+from ...chat_format import ROLE_ALIASES, ROLES, Message, canonical_role
+from ..apierrors import ApiError
+from ..bridge import KEEPALIVE, KEEPALIVE_S, LENGTH, TOOL_CALLS, End, Idle, Run, Text, ToolCall, end_of, stream
+from ..http import read_body, require_serving
+from ..request import ChatRequest, live_fields, localspec_stats, new_id, open_chat, timings
+from ..settings import MISSING, boolean, gen_settings
+from ..state import ServerState
+from ..tools import call_arguments, tool_request
 
 FINISH = {LENGTH: "length", TOOL_CALLS: "tool_calls"}  # the rest: "stop"
 
@@ -27,7 +27,7 @@ def finish(end: End) -> str:
 
 async def chat_completions(request: Request, state: ServerState) -> Response:
     body = await read_body(request)
-    cfg, extras = gen_settings(body, state.server.session.gen, oai=True)
+    cfg, extras = gen_settings(body, state.worker.session.gen, oai=True)
     chat = ChatRequest(cfg, extras, chat_messages(body), tool_request(body))
     run = await open_chat(request, state, chat)
     obj_id, model = new_id("chatcmpl"), state.model_id
@@ -62,7 +62,7 @@ def stream_end(last: dict, st, kind: str, include_usage: bool) -> list:
 
 async def completions(request: Request, state: ServerState) -> Response:
     body = await read_body(request)
-    cfg, extras = gen_settings(body, state.server.session.gen, oai=True)
+    cfg, extras = gen_settings(body, state.worker.session.gen, oai=True)
     tokens = completion_tokens(body)
     run = Run(state, lambda engine: (tokens(engine), cfg), extras)
     await run.start(request)
@@ -100,9 +100,9 @@ async def models(request: Request, state: ServerState) -> Response:
 def _model_entry(model_id: str, aliases: set[str], state: ServerState | None) -> dict:
     out = {"id": model_id, "object": "model", "created": 0, "owned_by": "localspec",
            "aliases": sorted(aliases - {model_id})}
-    if state is not None and state.server is not None:
-        m = state.server.model
-        out["meta"] = {"n_vocab": m.n_vocab, "n_ctx": state.server.engine.target.n_ctx,
+    if state is not None and state.worker is not None:
+        m = state.worker.model
+        out["meta"] = {"n_vocab": m.n_vocab, "n_ctx": state.worker.engine.target.n_ctx,
                        "size": m.path.stat().st_size if m.path.exists() else None}
     return out
 

@@ -14,11 +14,12 @@ from pathlib import Path
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
-from ..errors import LocalspecError
-from ..models.gguf_header import read_header_file
-from .settings import boolean
-from .apierrors import ApiError
-from .http import ServerState, read_json, require_serving
+from ...errors import LocalspecError
+from ...models.gguf_header import read_header_file
+from ..apierrors import ApiError
+from ..http import read_json, require_serving
+from ..settings import boolean
+from ..state import ServerState
 
 FOREVER = dt.datetime(2318, 1, 1, tzinfo=dt.timezone.utc)  # Ollama's "loaded until stopped"
 
@@ -57,7 +58,7 @@ def entry(name: str, path: Path | None, size: int, meta=None) -> dict:
 
 
 def loaded_entry(state: ServerState, name: str) -> dict:
-    m = state.server.model
+    m = state.worker.model
     return entry(name, m.path, m.path.stat().st_size if m.path.exists() else 0, m.meta)
 
 
@@ -70,7 +71,7 @@ async def tags(request: Request, state: ServerState) -> Response:
     out = []
     for slot in router.slots:
         s = slot.state if slot.status == "loaded" else None
-        out.append(loaded_entry(s, slot.entry.name) if s is not None and s.server is not None
+        out.append(loaded_entry(s, slot.entry.name) if s is not None and s.worker is not None
                    else entry(slot.entry.name, (slot.entry.files or [None])[0], slot.entry.size))
     return JSONResponse({"models": out})
 
@@ -85,14 +86,14 @@ async def ps(request: Request, state: ServerState) -> Response:
             dt.datetime.now(dt.timezone.utc) + dt.timedelta(seconds=max(0.0, slot.expires_at - now)))
         e = loaded_entry(s, s.model_id)
         out.append({**e, "size": max(e["size"], slot.estimate), "expires_at": _iso(until), "size_vram": 0,
-                    "context_length": s.server.engine.target.n_ctx})
+                    "context_length": s.worker.engine.target.n_ctx})
     return JSONResponse({"models": out})
 
 
 async def pull(request: Request, state: ServerState) -> Response:
     """`localspec pull NAME`: a pair from models.yaml, its files from the bundle or the Hugging Face hub."""
-    from ..models.manage import pull_pair
-    from ..models.registry import get_pair
+    from ...models.manage import pull_pair
+    from ...models.registry import get_pair
 
     body = await read_json(request)
     name = body.get("model") or body.get("name")
@@ -136,7 +137,7 @@ async def pull(request: Request, state: ServerState) -> Response:
 
 async def delete(request: Request, state: ServerState) -> Response:
     """The files `localspec pull` fetched for a pair (never a file the user put somewhere), unloaded first."""
-    from ..models.manage import remove_pair
+    from ...models.manage import remove_pair
 
     body = await read_json(request)
     name = body.get("model") or body.get("name")

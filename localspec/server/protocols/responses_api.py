@@ -18,13 +18,15 @@ from collections import OrderedDict
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from ..chat_format import Message
-from .request import (LENGTH, Answer, ChatRequest, End, Idle, Text, ToolCall, joined_text, localspec_stats, open_chat,
-                      prompt_size, timings)
-from .http import KEEPALIVE, KEEPALIVE_S, ServerState, named_sse, read_body
-from .apierrors import ApiError, log_note
-from .settings import LOCALSPEC_FIELDS, boolean, gen_settings, integer, string
-from .tools import call_arguments, tool_request
+from ...chat_format import Message
+from ...serving.log import log_note
+from ..apierrors import ApiError
+from ..bridge import KEEPALIVE, KEEPALIVE_S, LENGTH, Answer, End, Idle, Text, ToolCall, named_sse
+from ..http import read_body
+from ..request import ChatRequest, joined_text, localspec_stats, open_chat, prompt_size, timings
+from ..settings import LOCALSPEC_FIELDS, boolean, gen_settings, integer, string
+from ..state import ServerState
+from ..tools import call_arguments, tool_request
 
 REMEMBERED = 256  # responses kept for previous_response_id, oldest forgotten first
 SETTINGS = ("temperature", "top_p", "top_k", "stream", "seed", "parallel_tool_calls", *LOCALSPEC_FIELDS)
@@ -145,7 +147,7 @@ def _format(body: dict) -> dict:
 def chat_request(body: dict, request: Request, state: ServerState) -> ChatRequest:
     settings = {k: body[k] for k in SETTINGS if k in body}
     cfg, extras = gen_settings({**settings, "max_tokens": integer(body, "max_output_tokens", 1), **_format(body)},
-                               state.server.session.gen, oai=True)
+                               state.worker.session.gen, oai=True)
     turns = []
     if string(body, "instructions"):
         turns.append(Message("system", body["instructions"]))
@@ -276,7 +278,7 @@ async def _events(request: Request, body: dict, chat: ChatRequest, run, resp: Re
 async def input_tokens(request: Request, state: ServerState) -> Response:
     body = await read_body(request)
     chat = chat_request(body, request, state)
-    n = await prompt_size(state.server.engine, chat.messages, chat.tools.tools if chat.tools else None)
+    n = await prompt_size(state.worker.engine, chat.messages, chat.tools.tools if chat.tools else None)
     return JSONResponse({"object": "response.input_tokens", "input_tokens": n})
 
 

@@ -6,7 +6,7 @@ in arrival order, requests before warm-ups (`jobqueue`), and runs each to the en
 gets another's text; only a newer completion from the same editor slot ends one early): it builds the
 prompt, generates through its lane, and reports back through the job's `emit` callback —
 ("start", prompt_len) once the prompt is accepted, ("text", str) for confirmed text, then
-("done", Stats) or ("error", ApiError). A job whose client hung up is cancelled within one
+("done", Stats) or ("error", LocalspecError) (job.py). A job whose client hung up is cancelled within one
 decoding round (`Job.cancel`); a job cancelled while waiting is skipped.
 
 Requests share the engine's caches, so a prompt that starts like an earlier one (in its lane, in
@@ -21,42 +21,26 @@ import copy
 import sys
 import threading
 import time
-from dataclasses import dataclass, field
-from typing import Callable
 
-from ..costs import attention
+from ..costs import attention, idle
 from ..costs.costmodel import CURVE_SIZES, depth_bucket
-from ..errors import LocalspecError
+from ..costs.threads import OTHERS_BUSY, CpuWatch
+from ..costs.tuning import keep_profile, measure_at_depth
+from ..errors import InternalError, LocalspecError, Unavailable
 from ..fim.windows import EditorSettings, EditorWindows
 from ..session import Session
-from ..costs import idle
-from ..costs.tuning import keep_profile, measure_at_depth
 from ..stats import Stats
-from ..costs.threads import OTHERS_BUSY, CpuWatch
-from .infill import LineLimits
+from .job import Job, resolve_logit_bias
 from .jobqueue import JobQueue
 from .lanes import LanePool
+from .limits import LineLimits
+from .log import log_unexpected
 from .metrics import Metrics
-from .apierrors import ApiError, check_prompt_fits, log_unexpected
-from .settings import Extras, resolve_logit_bias
 
-Emit = Callable[[tuple], None]
-MAX_WAITING = 64  # queued requests beyond this are refused (503) instead of held in memory without bound
+MAX_WAITING = 64  # queued requests beyond this are refused (Unavailable) instead of held in memory without bound
 IDLE_WARMUP_S = 0.5  # quiet time before an interrupted warm-up goes on
 QUICK_FILL = 512  # the depth a quick profile's whole curve is measured at when the last request ran shallower
 CUT_SHORT = "the server is shutting down; the answer was cut short"
-
-
-@dataclass(eq=False)  # each job is itself (the running set holds them)
-class Job:
-    prepare: Callable[[object], tuple[list[int], object]]  # engine -> (prompt tokens, GenConfig); runs in the worker
-    extras: Extras
-    emit: Emit
-    cancel: threading.Event = field(default_factory=threading.Event)
-    background: bool = False  # a warm-up (n_predict 0): served after the others, gives way to them
-    slot: str | None = None  # an editor slot: a newer completion from it supersedes this one
-    priority: bool = False  # an editor's completion: its passes go ahead of the other requests' decoding
-    queued_at: float = field(default_factory=time.perf_counter)
 
 
 class ModelWorker:
@@ -83,9 +67,9 @@ class ModelWorker:
 
     def submit(self, job: Job) -> None:
         if self.closing:
-            raise ApiError(503, "the server is shutting down")
+            raise Unavailable("the server is shutting down")
         if self.jobs.qsize() >= MAX_WAITING:
-            raise ApiError(503, f"{MAX_WAITING} requests are already waiting; try again when they are done")
+            raise Unavailable(f"{MAX_WAITING} requests are already waiting; try again when they are done")
         self.jobs.put(job)
 
     def begin_shutdown(self) -> None:
@@ -93,7 +77,7 @@ class ModelWorker:
         error event at once (a prompt evaluation in progress is not waited for), so every client can tell
         a shutdown from a finished answer and the HTTP server has nothing left to wait out."""
         self.closing = True
-        shutting = ("error", ApiError(503, CUT_SHORT))
+        shutting = ("error", Unavailable(CUT_SHORT))
         running = list(self.jobs.running)
         for job in self.jobs.drain():
             job.cancel.set()
@@ -119,7 +103,7 @@ class ModelWorker:
 
     @property
     def alive(self) -> bool:
-        """The generation threads are there to take jobs (/health says 503 otherwise)."""
+        """The generation threads are there to take jobs (a server's health check fails otherwise)."""
         return all(t.is_alive() for t in self.threads) and not self.closing
 
     closing = False  # set once shutdown begins: new jobs are refused, running ones end
@@ -283,31 +267,28 @@ class ModelWorker:
         engine = self.engine
         try:
             prompt, cfg = job.prepare(engine)
-            if job.extras.logit_bias or job.extras.ignore_eos:
-                cfg.logit_bias = resolve_logit_bias(job.extras.logit_bias, engine.target_model, job.extras.ignore_eos)
+            if job.options.logit_bias or job.options.ignore_eos:
+                cfg.logit_bias = resolve_logit_bias(job.options.logit_bias, engine.target_model, job.options.ignore_eos)
             if cfg.grammar:
-                engine.grammar(cfg.grammar).close()  # a grammar that does not parse is a 400 before any answer
-            check_prompt_fits(engine, prompt)
+                engine.grammar(cfg.grammar).close()  # a grammar that does not parse is refused before any answer
+            engine.check_prompt(prompt)
             job.emit(("start", len(prompt)))
             t_start = time.perf_counter()
             lane = self.lanes.checkout(prompt)
             held.append(lane)
             stats = self._generate(job, prompt, cfg, lane)
-        except ApiError as e:
-            job.emit(("error", e))
-            return
         except LocalspecError as e:
-            job.emit(("error", ApiError(400, str(e))))
+            job.emit(("error", e))
             return
         except Exception as e:  # the server stays up; the client learns that it broke, not the internals
             log_unexpected("a generation", e)
-            job.emit(("error", ApiError(500, "the server failed while generating; see its log")))
+            job.emit(("error", InternalError("the server failed while generating; see its log")))
             return
         self.metrics.add(stats)
         if self.fim is not None:  # the FIM windows size themselves by the measured prompt speed
             self.fim.observe(stats.prompt_eval_tokens, stats.prompt_eval_s)
         if self.closing and stats.stop_reason == "cancelled":  # cut short by shutdown: not a finished answer
-            job.emit(("error", ApiError(503, CUT_SHORT)))
+            job.emit(("error", Unavailable(CUT_SHORT)))
             return
         job.emit(("done", stats))
         if self.log_requests:
@@ -318,7 +299,7 @@ class ModelWorker:
             engine.prompt_cache.persist(stats.prompt_eval_tokens, lane.target)  # client gave up: for its retry
 
     def _generate(self, job: Job, prompt: list[int], cfg, lane):
-        engine, ex = self.engine, job.extras
+        engine, ex = self.engine, job.options
         if cfg.max_tokens == 0:
             if not job.background:
                 return engine.prefill(prompt, lane=lane)

@@ -15,13 +15,14 @@ import uuid
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from ..chat_format import Message
-from .request import (END, LENGTH, STOP_SEQUENCE, TOOL_CALLS, ChatRequest, End, Idle, Text, joined_text,
-                      localspec_stats, open_chat, prompt_size, timings)
-from .http import KEEPALIVE_S, ServerState, named_sse, read_body
-from .apierrors import ApiError
-from .settings import LOCALSPEC_FIELDS, gen_settings, integer
-from .tools import call_arguments, tool_request
+from ...chat_format import Message
+from ..apierrors import ApiError
+from ..bridge import END, KEEPALIVE_S, LENGTH, STOP_SEQUENCE, TOOL_CALLS, End, Idle, Text, named_sse
+from ..http import read_body
+from ..request import ChatRequest, joined_text, localspec_stats, open_chat, prompt_size, timings
+from ..settings import LOCALSPEC_FIELDS, gen_settings, integer
+from ..state import ServerState
+from ..tools import call_arguments, tool_request
 
 STOP_REASON = {END: "end_turn", STOP_SEQUENCE: "stop_sequence", LENGTH: "max_tokens", TOOL_CALLS: "tool_use"}
 ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
@@ -129,7 +130,7 @@ def chat_request(body: dict, state: ServerState, need_max_tokens: bool = True) -
         raise ApiError(400, '"stop_sequences" must be a list of strings')
     settings = {k: body[k] for k in SETTINGS if k in body}
     cfg, extras = gen_settings({**settings, "max_tokens": body.get("max_tokens"), "stop": stops},
-                               state.server.session.gen, oai=True)
+                               state.worker.session.gen, oai=True)
     turns = []
     system = _system(body.get("system") or "")
     if system:
@@ -170,7 +171,7 @@ async def messages(request: Request, state: ServerState) -> Response:
     body = await read_body(request)
     run = await open_chat(request, state, chat_request(body, state))
     msg_id, model = f"msg_{uuid.uuid4().hex[:24]}", body.get("model") or state.model_id
-    if not run.chat.extras.stream:
+    if not run.extras.stream:
         a = await run.answer(request)
         content = ([{"type": "text", "text": a.content}] if a.content or not a.calls else [])
         content += [tool_use_block(c) for c in a.calls]
@@ -213,7 +214,7 @@ async def messages(request: Request, state: ServerState) -> Response:
 async def count_tokens(request: Request, state: ServerState) -> Response:
     body = await read_body(request)
     chat = chat_request(body, state, need_max_tokens=False)
-    engine = state.server.engine
+    engine = state.worker.engine
     tools = chat.tools.tools if chat.tools else None
     return JSONResponse({"input_tokens": await prompt_size(engine, chat.messages, tools)})
 

@@ -25,10 +25,10 @@ import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..backend import common_prefix
-from ..backend.passes import Cuts
-from ..backend.rollback import Checkpoints
-from ..paths import write_atomic
+from ...backend import common_prefix
+from ...backend.passes import Cuts
+from ...backend.rollback import Checkpoints
+from ...paths import write_atomic
 
 FORMAT = 1
 SAVE_MIN = 1024  # a prompt is saved once a request had to evaluate at least this many tokens of it

@@ -8,7 +8,7 @@ import time
 from contextlib import contextmanager
 from typing import NamedTuple
 
-from ..backend import common_prefix
+from ...backend import common_prefix
 
 
 class _Fill(NamedTuple):

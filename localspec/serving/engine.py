@@ -12,14 +12,14 @@ from contextlib import nullcontext
 from pathlib import Path
 from typing import Callable, TypeVar
 
+from ..config import LoadConfig
+from ..decoding.ngram import NgramDrafter
+from ..engine import Engine
+from ..lane import Lane
+from ..stats import Stats
 from .batching import Batcher, SeqView
-from .config import LoadConfig
-from .engine import Engine
-from .lane import Lane
-from .decoding.ngram import NgramDrafter
 from .caches.promptcache import prompt_cache_for
 from .caches.promptfills import PromptFills
-from .stats import Stats
 
 T = TypeVar("T")
 
@@ -46,7 +46,7 @@ class ServingEngine(Engine):
             self.close()
             raise
 
-    def decoding(self, fn: Callable[[], T]) -> T:
+    def on_decode_thread(self, fn: Callable[[], T]) -> T:
         """fn() on the batch thread (batching.py says why only one thread may decode)."""
         return self.batcher.call(fn) if self.batcher is not None else fn()
 

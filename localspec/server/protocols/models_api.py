@@ -7,8 +7,9 @@ from __future__ import annotations
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from .apierrors import ApiError
-from .http import ServerState, read_json
+from ..apierrors import ApiError
+from ..http import read_json
+from ..state import ServerState
 
 
 async def _slot(request: Request, state: ServerState):

@@ -17,15 +17,17 @@ import json
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from ..chat_format import Message
-from ..models.gguf_header import read_header_file
-from ..fim.layout import FimUnsupported, fim_stop_tokens, infill_tokens, require_fim
-from .request import LENGTH, ChatRequest, End, Text, ToolCall, localspec_stats, open_chat
-from .http import ServerState, keep_alive_seconds, read_body, require_serving
-from .apierrors import ApiError
+from ...chat_format import Message
+from ...fim.layout import FimUnsupported, fim_stop_tokens, infill_tokens, require_fim
+from ...models.gguf_header import read_header_file
+from ..apierrors import ApiError
+from ..bridge import LENGTH, End, Text, ToolCall
+from ..http import read_body, require_serving
+from ..request import ChatRequest, localspec_stats, open_chat
+from ..settings import LOCALSPEC_FIELDS, boolean, gen_settings, keep_alive_seconds, string
+from ..state import ServerState
+from ..tools import call_arguments, tool_request
 from .ollama_models import entry, loaded_entry
-from .settings import LOCALSPEC_FIELDS, boolean, gen_settings, string
-from .tools import call_arguments, tool_request
 
 VERSION = "0.12.6"  # the Ollama API level answered here (clients compare it against their minimum)
 OPTIONS = {"temperature": "temperature", "top_p": "top_p", "top_k": "top_k", "min_p": "min_p", "seed": "seed",
@@ -71,7 +73,7 @@ def _settings(body: dict, state: ServerState):
         if k in body or k in options:
             fields[k] = body.get(k, options.get(k))
     fields["stream"] = boolean(body, "stream", True)
-    return gen_settings(fields, state.server.session.gen, oai=False)
+    return gen_settings(fields, state.worker.session.gen, oai=False)
 
 
 def _images(m: dict, where: str) -> None:
@@ -160,7 +162,7 @@ async def chat(request: Request, state: ServerState) -> Response:
 
 
 def _fim(state: ServerState, prompt: str, suffix: str, cfg):
-    m = state.server.model
+    m = state.worker.model
     try:
         require_fim(m.fim_tokens())
     except FimUnsupported as e:
@@ -208,8 +210,8 @@ async def show(request: Request, state: ServerState) -> Response:
     else:
         slot = router.find(name)
         served = slot.state if slot.status == "loaded" else None
-    if served is not None and served.server is not None:
-        srv, m = served.server, served.server.model
+    if served is not None and served.worker is not None:
+        srv, m = served.worker, served.worker.model
         facts = (m.meta, srv.engine.target.n_ctx, srv.engine.chat_template() or "", bool(m.fim_tokens()))
         e = loaded_entry(served, served.model_id)
     else:

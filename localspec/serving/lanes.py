@@ -16,7 +16,7 @@ from __future__ import annotations
 import threading
 
 from ..backend import common_prefix
-from ..caches.promptcache import KEEP_MIN  # idle sequences shorter than this cost nothing worth a copy
+from .caches.promptcache import KEEP_MIN  # idle sequences shorter than this cost nothing worth a copy
 
 
 class LanePool:

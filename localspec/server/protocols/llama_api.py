@@ -11,19 +11,20 @@ from typing import Any
 from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response
 
-from ..backend import common_prefix
-from ..costs import idle
-from ..errors import LocalspecError
-from ..fim.layout import FimUnsupported, fim_stop_tokens, infill_tokens, require_fim
-from .request import conversation, live_fields, localspec_stats, timings
-from .http import Run, ServerState, read_body, read_json, require_serving, stream
-from .infill import check_infill_body
-from .metrics import prometheus_text
-from .apierrors import ApiError
+from ...backend import common_prefix
+from ...costs import idle
+from ...errors import LocalspecError
+from ...fim.layout import FimUnsupported, fim_stop_tokens, infill_tokens, require_fim
+from ...serving.metrics import prometheus_text
+from ..apierrors import ApiError
+from ..bridge import Run, stream
+from ..http import read_body, read_json, require_serving
+from ..infill import check_infill_body
+from ..request import conversation, live_fields, localspec_stats, timings
+from ..settings import MISSING, Extras, boolean, gen_settings, string
+from ..state import ServerState
+from ..tools import tool_request
 from .openai_api import chat_messages, completion_tokens
-from .settings import MISSING, Extras, boolean, gen_settings, string
-from .tools import tool_request
-
 
 STOP_TYPE = {"eos": "eos", "stop": "word"}  # anything else -> "limit"
 
@@ -87,7 +88,7 @@ async def _native(request: Request, state: ServerState, run: Run, cfg, extras: E
 
 async def completion(request: Request, state: ServerState) -> Response:
     body = await read_body(request)
-    cfg, extras = gen_settings(body, state.server.session.gen, oai=False)
+    cfg, extras = gen_settings(body, state.worker.session.gen, oai=False)
     tokens = completion_tokens(body)
     return await _native(request, state, Run(state, lambda engine: (tokens(engine), cfg), extras), cfg, extras)
 
@@ -95,7 +96,7 @@ async def completion(request: Request, state: ServerState) -> Response:
 def infill_prompt(state: ServerState, body: dict, cfg):
     """engine -> the FIM prompt for an editor's request (`extra` checked), setting cfg.heal."""
     extra = check_infill_body(body)
-    windows = state.server.fim
+    windows = state.worker.fim
     warmup = cfg.max_tokens == 0
 
     def tokens(engine) -> list[int]:
@@ -114,7 +115,7 @@ def infill_prompt(state: ServerState, body: dict, cfg):
 
 def require_infill(state: ServerState) -> None:
     try:
-        require_fim(state.server.model.fim_tokens())
+        require_fim(state.worker.model.fim_tokens())
     except FimUnsupported as e:
         raise ApiError(501, str(e))
 
@@ -122,8 +123,8 @@ def require_infill(state: ServerState) -> None:
 async def infill(request: Request, state: ServerState) -> Response:
     require_infill(state)
     body = await read_body(request)
-    cfg, extras = gen_settings(body, state.server.session.gen, oai=False)
-    cfg.stop_tokens = fim_stop_tokens(state.server.model)
+    cfg, extras = gen_settings(body, state.worker.session.gen, oai=False)
+    cfg.stop_tokens = fim_stop_tokens(state.worker.model)
     cfg.repeatable = False  # an editor waits on every keystroke: its prompt reuses the cache whole, drafts recall
     tokens = infill_prompt(state, body, cfg)
     warmup = cfg.max_tokens == 0
@@ -143,7 +144,7 @@ async def health(request: Request, state: ServerState) -> Response:
 
 
 async def props(request: Request, state: ServerState) -> Response:
-    srv = state.server
+    srv = state.worker
     sess, m = srv.session, srv.model
     return JSONResponse({
         "default_generation_settings": {"params": generation_settings(sess.gen),
@@ -172,7 +173,7 @@ async def tokenize(request: Request, state: ServerState) -> Response:
     body = await read_json(request)
     content = string(body, "content", "")
     add_special, parse_special = boolean(body, "add_special"), boolean(body, "parse_special", True)
-    with_pieces, m = boolean(body, "with_pieces"), state.server.model
+    with_pieces, m = boolean(body, "with_pieces"), state.worker.model
 
     def answer() -> bytes:
         tokens = m.tokenize(content, add_special=add_special, parse_special=parse_special)
@@ -197,7 +198,7 @@ async def apply_template(request: Request, state: ServerState) -> Response:
     body = await read_json(request)
     turns, tools = conversation(state, chat_messages(body)), tool_request(body)
     try:
-        text = await asyncio.to_thread(state.server.engine.chat_text, turns, tools.tools if tools else None)
+        text = await asyncio.to_thread(state.worker.engine.chat_text, turns, tools.tools if tools else None)
     except LocalspecError as e:  # a template that refuses the conversation
         raise ApiError(400, str(e))
     return JSONResponse({"prompt": text})
@@ -206,7 +207,7 @@ async def apply_template(request: Request, state: ServerState) -> Response:
 async def detokenize(request: Request, state: ServerState) -> Response:
     body = await read_json(request)
     tokens = body.get("tokens", [])
-    m = state.server.model
+    m = state.worker.model
     if not isinstance(tokens, list) or not all(isinstance(t, int) and not isinstance(t, bool) for t in tokens):
         raise ApiError(400, '"tokens" must be a list of token ids')
     if any(t < 0 or t >= m.n_vocab for t in tokens):
@@ -222,11 +223,11 @@ async def metrics(request: Request, state: ServerState) -> Response:
         require_serving(state)
     groups = []
     for slot, s in router.loaded_states():
-        batcher = s.server.engine.batcher
+        batcher = s.worker.engine.batcher
         swapped = batcher.swap.moves if batcher is not None else 0
-        measurement = idle.state_of(s.server.engine).to_dict()
+        measurement = idle.state_of(s.worker.engine).to_dict()
         groups.append(("" if router.single else f'model="{slot.entry.name}"',
-                       s.server.metrics.samples(swapped, measurement)))
+                       s.worker.metrics.samples(swapped, measurement)))
     return PlainTextResponse(prometheus_text(groups), media_type="text/plain; version=0.0.4")
 
 

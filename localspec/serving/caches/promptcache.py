@@ -19,10 +19,10 @@ from __future__ import annotations
 import threading
 from dataclasses import dataclass, field
 
-from ..backend import Context, common_prefix
-from ..backend.passes import Cuts
-from ..backend.rollback import Checkpoints, reach
-from .. import paths
+from ... import paths
+from ...backend import Context, common_prefix
+from ...backend.passes import Cuts
+from ...backend.rollback import Checkpoints, reach
 from .promptdisk import SAVE_MIN, DiskPrompts, pair_key
 
 KEEP_MIN = 64  # a divergence that would lose fewer cached tokens than this is not worth a snapshot

@@ -29,8 +29,8 @@ from typing import Callable
 
 import numpy as np
 
-from .backend import Context, sync_cache
-from .errors import ContextFullError, PassInterrupted
+from ..backend import Context, sync_cache
+from ..errors import ContextFullError, PassInterrupted
 from .caches.swap import SwapSpace
 
 GATHER_S = 0.004  # a step waits this long for sequences still busy in Python (accepting, drafting)

@@ -16,9 +16,9 @@ from pathlib import Path
 from starlette.requests import Request
 from starlette.responses import Response
 
-from . import ollama_api
-from .apierrors import ApiError
-from .http import ServerState
+from ..apierrors import ApiError
+from ..protocols import ollama_api
+from ..state import ServerState
 
 STATIC = Path(__file__).parent / "static"
 TYPES = {".html": "text/html; charset=utf-8", ".js": "text/javascript; charset=utf-8",
