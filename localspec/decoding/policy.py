@@ -70,7 +70,7 @@ class AdaptivePolicy:
     # right one earns long drafts within a few rounds (its unverified proposals are scored too). An n-gram
     # starts low: chat answers' n-grams rarely hold, and a higher prior drafted more than twice as many
     # tokens for the same kept ones, while a copy's shadow proposals earn its drafts within a few rounds
-    # (docs/BENCHMARKS.md, "A second CPU")
+    # (docs/benchmarks/log-2026-11.md, "A second CPU")
     PRIOR = {"model": 0.7, "ngram": 0.35, "prediction": 0.75, "resync": 0.75}
     # Acceptance is a count of outcomes, hits and misses, older ones fading (DECAY per new outcome:
     # about the last 100 tokens count), started from PRIOR_WEIGHT pseudo-outcomes at the prior. A running
