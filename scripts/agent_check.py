@@ -12,12 +12,11 @@ import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "scripts"))
-sys.path.insert(0, str(ROOT / "tests"))
 import agent_clients  # noqa: E402
 import clients  # noqa: E402
-import llamacpp_tools  # noqa: E402
-from serverproc import ServerProcess  # noqa: E402
+
+from harness import llamacpp_tools  # noqa: E402
+from harness.serverproc import ServerProcess  # noqa: E402
 
 
 def prompt_tokens_total(port: int) -> int | None:

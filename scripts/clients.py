@@ -31,11 +31,9 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "tests"))
-from serverproc import ServerProcess, drop_data_copies, free_port  # noqa: E402
-
-sys.path.insert(0, str(ROOT / "scripts"))
 import agent_clients  # noqa: E402
+
+from harness.serverproc import ServerProcess, drop_data_copies, free_port  # noqa: E402
 
 CACHE = Path(os.environ.get("LOCALSPEC_CLIENTS_CACHE") or Path.home() / ".cache/localspec/clients")
 PY_CLIENTS = {"openai": ["openai"], "llm": ["llm"], "litellm": ["litellm"],

@@ -28,10 +28,10 @@ import time
 import urllib.request
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
-import llamacpp_tools  # noqa: E402
 from clients import Recorder, start_proxy  # noqa: E402
-from serverproc import ServerProcess  # noqa: E402
+
+from harness import llamacpp_tools  # noqa: E402
+from harness.serverproc import ServerProcess  # noqa: E402
 
 TIMEOUT_S = 90.0
 CHAR_S = 0.12  # typing pace

@@ -23,8 +23,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-import llamacpp_tools
-
+from harness import llamacpp_tools
 from localspec.config import LoadConfig
 from localspec.costs.tuning import measure_costs, steady_verify
 from localspec.engine import Engine

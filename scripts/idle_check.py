@@ -26,11 +26,10 @@ import time
 import urllib.request
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
-import llamacpp_tools  # noqa: E402
 from race import checkout  # noqa: E402
-from serverproc import ServerProcess, drop_data_copies  # noqa: E402
+
+from harness import llamacpp_tools  # noqa: E402
+from harness.serverproc import ServerProcess, drop_data_copies  # noqa: E402
 
 CHAT = {"messages": [{"role": "user", "content": "Say hello in five words."}], "max_tokens": 8, "temperature": 0}
 PARAGRAPH = ("The cache keeps the keys and values of every token the model has seen, so the next token attends to "

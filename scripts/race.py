@@ -54,10 +54,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
-import llamacpp_tools  # noqa: E402
 import race_followup  # noqa: E402
+
+from harness import llamacpp_tools  # noqa: E402
 
 STDLIB = Path(sysconfig.get_paths()["stdlib"])
 EDIT_FILES = [("bisect.py", "Rename the parameter `hi` to `upper` everywhere in this module (signatures, docstrings "
@@ -204,8 +203,7 @@ LLAMA_ENTRANTS = ("llama", "llama-spec", "llama-draft", "llama-fa-off")
 
 
 def start_servers(names: list[str], work: Path, llama_server: Path | None) -> list[Entrant]:
-    from serverproc import ServerProcess
-
+    from harness.serverproc import ServerProcess
     from localspec import models
 
     pair = models.resolve_pair()
@@ -353,7 +351,7 @@ def main() -> int:
     finally:
         for s in servers:
             s.stop()
-        from serverproc import drop_data_copies
+        from harness.serverproc import drop_data_copies
 
         drop_data_copies(work)  # the pair assembled into each server's data root; the logs stay
         if a.json:  # whatever was measured, before anything else can fail

@@ -124,8 +124,7 @@ def _wait_health(port: int, proc: subprocess.Popen, timeout: float = 600) -> Non
 
 
 def trace_server(settle_s: float) -> dict[str, list[str]]:
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
-    from serverproc import free_port  # the port picker every script that starts servers uses
+    from harness.serverproc import free_port  # the port picker every script that starts servers uses
 
     port = free_port()
     out = Path(f"/tmp/request-path-{os.getpid()}.json")

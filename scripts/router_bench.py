@@ -29,8 +29,7 @@ from pathlib import Path
 
 import httpx
 
-sys.path.insert(0, str(Path(__file__).parent))
-from llamacpp_tools import CACHE, build  # noqa: E402
+from harness.llamacpp_tools import CACHE, build  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 PAIR = "qwen2.5-coder-1.5b"

@@ -13,7 +13,7 @@ alternating between rounds, both servers quiet before each scenario):
   prompt     (not in the default set) the burst's first request cut to its prompt: the ~2k-token system
              prompt, new to both servers, and one token out, alone: prompt evaluation, which is what the
              burst's first byte waits for on both servers; `--only prompt --rounds 6` pairs them
-llama-server is built once from the llama-cpp-python sdist into ~/.cache/localspec (scripts/llamacpp_tools.py).
+llama-server is built once from the llama-cpp-python sdist into ~/.cache/localspec (scripts/harness/llamacpp_tools.py).
 
   scripts/together                 # both servers, 2 rounds (~15 min on 2 cores)
   scripts/together --rounds 1 --servers localspec
@@ -35,11 +35,9 @@ import time
 from pathlib import Path
 
 import httpx
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
-import llamacpp_tools  # noqa: E402
 from race import Entrant, wait_quiet  # noqa: E402
+
+from harness import llamacpp_tools  # noqa: E402
 
 STDLIB = Path(sysconfig.get_paths()["stdlib"])
 LONG = ("Write a detailed essay, at least 600 words, on the history of the Unix operating system, from Bell Labs "
@@ -239,8 +237,7 @@ def main() -> int:
     p.add_argument("--only", default="alone,second,infill,burst", help="the scenarios to run (comma-separated)")
     p.add_argument("--json", metavar="FILE", help="also write the raw figures here")
     args = p.parse_args()
-    from serverproc import ServerProcess
-
+    from harness.serverproc import ServerProcess
     from localspec import models
 
     pair = models.resolve_pair()

@@ -24,9 +24,8 @@ from pathlib import Path
 from urllib.parse import urlparse
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "tests"))
-from browserproc import chromium  # noqa: E402
-from serverproc import ServerProcess  # noqa: E402
+from harness.browserproc import chromium  # noqa: E402
+from harness.serverproc import ServerProcess  # noqa: E402
 
 # Marks when Enter was pressed in the prompt box and each time the reply's shown token count changes.
 TRACE = """

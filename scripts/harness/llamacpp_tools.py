@@ -55,7 +55,7 @@ class LlamaServer:
     """llama-server on a free loopback port, ready when its /health says so."""
 
     def __init__(self, binary: Path, model: str, flags: list[str], log: Path):
-        from serverproc import free_port  # tests/, on the path of every script that starts servers
+        from .serverproc import free_port  # tests/, on the path of every script that starts servers
 
         self.port = free_port()
         self.log = open(log, "w")

@@ -14,7 +14,7 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]  # the repository
 _LIVE: set = set()  # servers started and not yet stopped: killed when the test process exits, whatever happened
 
 

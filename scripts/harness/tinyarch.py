@@ -1,6 +1,6 @@
 """Tiny random-weight GGUFs of any architecture llama.cpp loads (mamba, mamba2, lfm2, qwen35...), for tests.
 
-The metadata (hyperparameters and tests/tinygguf.py's vocabulary) is written with the `gguf` package;
+The metadata (hyperparameters and scripts/harness/tinygguf.py's vocabulary) is written with the `gguf` package;
 llama.cpp itself then creates every tensor the architecture needs at the shapes it expects
 (`llama_model_init_from_user`), this module fills them from a seed, and llama.cpp saves the file
 (`llama_model_save_to_file`), as llama.cpp's own test-llama-archs does. A perturbed draft is the same
@@ -17,7 +17,8 @@ import zlib
 from pathlib import Path
 
 import numpy as np
-from tinygguf import CHATML, N_CTX_TRAIN, tiny_vocab
+
+from .tinygguf import CHATML, N_CTX_TRAIN, tiny_vocab
 
 ARCHS = ("mamba", "mamba2", "lfm2", "qwen35", "granitehybrid", "nemotron_h")
 TINY = dict(width=64, layers=4, heads=4, heads_kv=4, head_dim=16, ff=128, interval=2, vocab=0)
@@ -168,7 +169,7 @@ def build_tiny_arch(path: str | Path, arch: str, seed: int = 0, perturb: float =
     return path
 
 
-if __name__ == "__main__":  # python tests/tinyarch.py DIR ARCH...
+if __name__ == "__main__":  # PYTHONPATH=scripts python -m harness.tinyarch DIR ARCH...
     import sys
 
     out = Path(sys.argv[1])

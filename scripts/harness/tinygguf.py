@@ -130,7 +130,7 @@ def build_tiny_model(path: str | Path, seed: int = 0, perturb: float = 0.0, pert
     return path
 
 
-if __name__ == "__main__":  # python tests/tinygguf.py DIR  -> writes the test trio there
+if __name__ == "__main__":  # python scripts/harness/tinygguf.py DIR  -> writes the test trio there
     import sys
 
     out = Path(sys.argv[1] if len(sys.argv) > 1 else ".")

@@ -5,7 +5,6 @@ request alone. The kernels are llama.cpp's own, so these tests run them, each mo
 from __future__ import annotations
 
 import ctypes
-import json
 import os
 import subprocess
 import sys
@@ -14,8 +13,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 from conftest import THREADS
-from tinygguf import build_tiny_model
+from exactkit import exact_run
 
+from harness.tinygguf import build_tiny_model
 from localspec.config import GenConfig, LoadConfig
 from localspec.costs.costmodel import CostProfile
 from localspec.decoding.policy import REPEATABLE_MIN_MATCH
@@ -41,14 +41,6 @@ def flat_kquant(tmp_path_factory) -> Path:
     assert L.llama_model_quantize(str(d / "f16.gguf").encode(), str(d / "q4km.gguf").encode(),
                                   ctypes.byref(params)) == 0
     return d / "q4km.gguf"
-
-
-def exact_run(model: Path, mode: str, threads: int = THREADS, draft: Path | None = None) -> dict:
-    r = subprocess.run([sys.executable, str(HERE / "exact_run.py"), str(model), mode, str(threads),
-                        *([str(draft)] if draft else [])],
-                       capture_output=True, text=True, timeout=300)
-    assert r.returncode == 0, r.stderr
-    return json.loads(r.stdout)
 
 
 def first_parting(a: list[int], b: list[int]) -> int | None:

@@ -8,8 +8,8 @@ import threading
 
 import pytest
 from conftest import THREADS
-from tinyarch import build_tiny_arch
 
+from harness.tinyarch import build_tiny_arch
 from localspec.backend import rollback
 from localspec.backend.passes import Cuts
 from localspec.config import GenConfig, LoadConfig
@@ -240,7 +240,7 @@ def test_a_hybrids_saved_prompt_survives_a_restart(arch_files, tmp_path):
 def test_sampling_on_a_hybrid_is_the_targets_distribution(arch_files):
     """Speculative sampling with rollbacks by snapshot and checkpoint keeps the target's distribution: the
     second token's frequencies against the target's probabilities (as test_engine's statistical test)."""
-    from test_engine import assert_second_token_is_the_targets
+    from enginekit import assert_second_token_is_the_targets
 
     target, _, perturbed = arch_files["qwen35"]
     e = Engine(target, perturbed, load(512))

@@ -365,7 +365,7 @@ def _documented_command() -> list[str]:
     import shlex
     from pathlib import Path
 
-    text = (Path(__file__).parent.parent / "docs" / "BENCHMARKS.md").read_text()
+    text = (Path(__file__).resolve().parents[2] / "docs" / "BENCHMARKS.md").read_text()
     block = re.search(r"```sh\n(localspec bench .*?)```", text, re.S).group(1)
     return shlex.split(block.replace("\\\n", " "))
 
@@ -374,7 +374,7 @@ def test_documented_command_matches_the_script():
     from pathlib import Path
 
     doc = _documented_command()
-    script = (Path(__file__).parent.parent / "scripts" / "bench-default").read_text()
+    script = (Path(__file__).resolve().parents[2] / "scripts" / "bench-default").read_text()
     settings = [doc[i + 1] for i, a in enumerate(doc) if a == "--setting"]
     assert settings == ["on:ngram:4", "on:hybrid:4", "auto:hybrid"]
     for s in settings:
@@ -393,7 +393,7 @@ def test_documented_command_runs_and_fills_the_doc_block(tiny, tmp_path):
 
     argv = _documented_command()[2:]  # drop "localspec bench"
     md = tmp_path / "BENCHMARKS.md"
-    original = (Path(__file__).parent.parent / "docs" / "BENCHMARKS.md").read_text()
+    original = (Path(__file__).resolve().parents[2] / "docs" / "BENCHMARKS.md").read_text()
     md.write_text(original)
     for flag, value in (("--max-tokens", "6"), ("--prompts-per-workload", "1"),
                         ("--report", str(tmp_path / "bench" / "cpu.md")), ("--doc-block", f"{md}:cpu-default")):

@@ -11,9 +11,9 @@ import asyncio
 import json
 import re
 import sqlite3
-import time
 
 import pytest
+from chatkit import SIZE, notices, send, status_text, wait_until
 from conftest import THREADS
 
 from localspec import paths
@@ -29,20 +29,6 @@ from localspec.chat.widgets import (
 )
 from localspec.commands.chat import parse_chat_args
 
-SIZE = (100, 30)
-# One llama.cpp thread: the tiny models gain nothing from more, and on a shared 2-core machine two
-# spinning threads make a 2-layer model up to 100x slower whenever another process holds a core.
-TIMEOUT_S = 30.0  # generous: the machine may be shared; a passing run takes a fraction of this
-
-
-async def wait_until(pilot, condition, what: str, timeout: float = TIMEOUT_S) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            shown = "\n".join(notices(pilot.app)[-3:])
-            raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}; last notices:\n{shown}")
-        await pilot.pause(0.05)
-
 
 def chat_app(tiny, *extra: str, draft: str | None = "same", target: str | None = None) -> ChatApp:
     argv = ["--target", str(target or tiny.target), "--threads", str(THREADS), "--ctx-size", "1024",
@@ -57,17 +43,6 @@ async def ready(pilot, app: ChatApp) -> None:
     assert app.engine is not None, f"load failed: {app.load_error}"
 
 
-async def send(pilot, app: ChatApp, text: str) -> AssistantMessage:
-    """Type `text`, press Enter, wait for the whole reply; return its view."""
-    n = app.replies
-    box = app.query_one(PromptInput)
-    box.focus()
-    box.load_text(text)
-    await pilot.press("enter")
-    await wait_until(pilot, lambda: app.replies > n, "the reply")
-    return list(app.query(AssistantMessage))[-1]
-
-
 async def command(pilot, app: ChatApp, line: str) -> str:
     """Type a slash command, press Enter, and return the notice it answers with."""
     before = list(app.query(Notice))[-1]
@@ -75,14 +50,6 @@ async def command(pilot, app: ChatApp, line: str) -> str:
     await pilot.press("enter")
     await wait_until(pilot, lambda: list(app.query(Notice))[-1] is not before, f"the answer to {line}")
     return str(list(app.query(Notice))[-1].content)
-
-
-def notices(app: ChatApp, kind: str | None = None) -> list[str]:
-    return [str(n.content) for n in app.query(Notice) if kind is None or n.has_class(kind)]
-
-
-def status_text(app: ChatApp) -> str:
-    return str(app.query_one("#status").content)
 
 
 def db_rows(sql: str, *args):

@@ -12,10 +12,10 @@ import threading
 import urllib.request
 
 import pytest
+from chatkit import SIZE, notices, send, status_text, wait_until
 from conftest import THREADS
-from serverproc import ServerProcess
-from test_chat_app import SIZE, notices, send, status_text, wait_until
 
+from harness.serverproc import ServerProcess
 from localspec.chat.app import ChatApp
 from localspec.chat_format import Message
 from localspec.client import connect as client
@@ -102,7 +102,7 @@ def test_chat_answers_through_the_server_with_live_figures(server, tiny, monkeyp
     other.join(timeout=120)
     assert server.metric("localspec:requests_total") >= served + 2  # the chat's reply and the other client's
     # the same answer `localspec run` gets through the server (greedy)
-    from test_server import run_cli
+    from serverkit import run_cli
     r = run_cli(server, "run", "--target", str(tiny.target), "--draft", str(tiny.perturbed), "-c", CTX,
                 "--threads", str(THREADS), "--temperature", "0", "--spec", "on", "--json", "hello world")
     assert r.returncode == 0, r.stderr

@@ -10,7 +10,7 @@ import re
 import numpy as np
 import pytest
 from conftest import real_pair_paths
-from test_engine import _chi2_fails, bad, greedy, perturbed, pool_eog, run, same  # noqa: F401 (fixtures)
+from enginekit import _chi2_fails, greedy, pool_eog, run
 
 from localspec.backend import GrammarSampler
 from localspec.config import GenConfig

@@ -7,8 +7,8 @@ import struct
 
 import pytest
 from hub_helpers import HubEmulator, gguf_kv_end, write_padded_gguf
-from tinygguf import tiny_vocab
 
+from harness.tinygguf import tiny_vocab
 from localspec.errors import LocalspecError
 from localspec.models.check import check_pair_files, vocab_info_from_header
 from localspec.models.gguf_header import (

@@ -25,7 +25,7 @@ from localspec import models, paths
 from localspec.errors import ConfigError, LocalspecError, ModelLoadError
 from localspec.models.check import check_pair_files
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
+REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
 # ------------------------------------------------------------------------------ fixtures and helpers

@@ -13,9 +13,10 @@ import urllib.request
 from pathlib import Path
 
 import pytest
-from browserproc import Watched, chromium, expect, require_browser
 from conftest import THREADS
-from serverproc import ROOT, ServerProcess
+
+from harness.browserproc import Watched, chromium, expect, require_browser
+from harness.serverproc import ROOT, ServerProcess
 
 pytestmark = pytest.mark.browser
 WAIT_MS = 60_000

@@ -15,7 +15,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 from conftest import THREADS
-from faults import (
+
+from harness.faults import (
     post_json,
     probe_big_inputs,
     probe_call_ids,
@@ -29,7 +30,7 @@ from faults import (
     request,
     stream_then_signal,
 )
-from serverproc import ROOT, ServerProcess
+from harness.serverproc import ROOT, ServerProcess
 
 
 def tiny_server(tiny, home, *extra, env=None, ctx=1024):

@@ -12,8 +12,9 @@ import ollama
 import openai
 import pytest
 from conftest import THREADS
-from serverproc import ServerProcess
-from tinygguf import CHATML, build_tiny_model
+
+from harness.serverproc import ServerProcess
+from harness.tinygguf import CHATML, build_tiny_model
 
 # ChatML with a tools section and Qwen's <tool_call> blocks, as the real pair's template renders them
 TOOLS_TEMPLATE = (

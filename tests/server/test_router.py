@@ -14,7 +14,8 @@ import httpx
 import openai
 import pytest
 from conftest import THREADS
-from serverproc import ServerProcess
+
+from harness.serverproc import ServerProcess
 
 CHAT = {"messages": [{"role": "user", "content": "hello"}], "max_tokens": 12, "temperature": 0}
 
@@ -153,7 +154,7 @@ def test_run_is_answered_by_the_servers_copy_of_the_model_it_names(server, model
     import subprocess
     import sys
 
-    from serverproc import ROOT
+    from harness.serverproc import ROOT
 
     def requests(model: str) -> float:
         line = [x for x in httpx.get(server.url + "/metrics").text.splitlines()

@@ -11,19 +11,10 @@ import httpx
 import openai
 import pytest
 from conftest import THREADS
-from serverproc import ServerProcess
+from serverkit import VIM_FIM, run_cli
 
-# llama.vim (autoload/llama.vim, s:fim_render / llama#fim): the FIM request, field for field
-VIM_FIM = {
-    "id_slot": 0, "input_prefix": "def read the file\n    for line in data\n", "input_suffix": "\n    return value\n",
-    "input_extra": [{"text": "def parse the csv file\n    return list\n", "filename": "parse.py"}],
-    "prompt": "        ", "n_predict": 32, "stop": [], "n_indent": 4, "top_k": 40, "top_p": 0.90,
-    "samplers": ["top_k", "top_p", "infill"], "stream": False, "cache_prompt": True, "t_max_prompt_ms": 500,
-    "t_max_predict_ms": 1000,
-    "response_fields": ["content", "timings/prompt_n", "timings/prompt_ms", "timings/prompt_per_token_ms",
-                        "timings/prompt_per_second", "timings/predicted_n", "timings/predicted_ms",
-                        "timings/predicted_per_token_ms", "timings/predicted_per_second", "truncated", "tokens_cached"],
-}
+from harness.serverproc import ServerProcess
+
 # llama.vim's ring-buffer update (s:ring_update): warm the cache with extra context, predict nothing
 VIM_RING = {"id_slot": 0, "input_prefix": "", "input_suffix": "",
             "input_extra": [{"text": "import the data\n", "filename": "io.py"}], "prompt": "", "n_predict": 0,
@@ -291,16 +282,6 @@ def test_api_key(tiny, tmp_path):
         assert srv.stop() == 0
 
 
-def run_cli(server, *args: str, env: dict | None = None):
-    import subprocess
-    import sys
-
-    from serverproc import ROOT
-
-    return subprocess.run([sys.executable, "-m", "localspec", *args], cwd=ROOT, capture_output=True, text=True,
-                          env={**server.env, "LOCALSPEC_SERVER": server.url, **(env or {})}, timeout=120)
-
-
 def test_localspec_run_uses_a_running_server_with_the_same_pair(server, tiny):
     pair = ["--target", str(tiny.fim_target), "--draft", str(tiny.fim_draft)]
     served = server.metric("localspec:requests_total")
@@ -329,7 +310,7 @@ def test_serve_refuses_other_addresses_without_a_key(tiny, tmp_path):
     import subprocess
     import sys
 
-    from serverproc import ROOT
+    from harness.serverproc import ROOT
 
     r = subprocess.run([sys.executable, "-m", "localspec", "serve", "--target", str(tiny.target), "--host", "0.0.0.0"],
                        cwd=ROOT, capture_output=True, text=True, timeout=60,

@@ -1,6 +1,6 @@
 """The chat page's server side without a browser: `/` for browsers and for other clients, the page's files
 (gzip, ETag, CSP, nothing outside static/), the shipped libraries held to their manifest, and the
-conversations API over the history `localspec history` reads. The page itself: tests/test_browser.py."""
+conversations API over the history `localspec history` reads. The page itself: tests/server/test_browser.py."""
 
 from __future__ import annotations
 

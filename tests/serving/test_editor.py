@@ -10,8 +10,8 @@ import time
 import httpx
 import pytest
 from conftest import THREADS
-from serverproc import ServerProcess
 
+from harness.serverproc import ServerProcess
 from localspec.backend import common_prefix
 from localspec.config import GenConfig, LoadConfig
 from localspec.fim.layout import fim_stop_tokens
