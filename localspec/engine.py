@@ -71,6 +71,7 @@ class Engine:
         self.lanes = [Lane(self.target, self.load_draft, NgramDrafter(memory=self.ngram_memory))]  # serving/engine.py: more
         self.lane = self.lanes[0]
         self.remember_generations = load.remember_generations  # n-gram drafts may copy earlier answers
+        self.answers_started = 0  # background work (a measurement) gives way once this moves
 
     @property
     def last_stats(self) -> Stats | None:
@@ -198,6 +199,7 @@ class Engine:
         `priority` (an editor's completion) puts them first."""
         lane = lane or self.lane
         m, tgt = self.target_model, lane.target
+        self.answers_started += 1
         self.check_prompt(prompt)
         rng = np.random.default_rng(cfg.seed)
         stats = lane.last_stats = Stats(prompt_tokens=len(prompt))
@@ -205,7 +207,6 @@ class Engine:
         drafter, policy = self._drafting(cfg, rng, lane, len(prompt))
         stats.spec_mode = cfg.spec if drafter else "off"
         decode_before = tgt.decode_s + lane.draft_decode_s()
-
         t0 = time.perf_counter()
         if self.governor:
             self.governor.before_run()

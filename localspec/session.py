@@ -20,6 +20,7 @@ from .config import GenConfig, LoadConfig
 from .errors import ConfigError
 from .machine import AMX_NOTE
 from .models import PairSpec
+from .models.sizing import fit_tokens, kv_bytes_per_token
 
 Notify = Callable[[str], None]
 
@@ -120,42 +121,12 @@ def load_config(choice: ModelChoice, sel: Selection) -> LoadConfig:
     return load
 
 
-SERVE_CTX_FIT = 32768  # a server's context without -c: Claude Code's first prompt alone is ~19k tokens
-KV_MEMORY_SHARE = 0.25  # of the memory available at start, at most this for the KV caches a fitted context takes
-
-
 def fit_context(sel: Selection, ceiling: int, room: int | None = None) -> int:
     """The largest context (a multiple of 256, up to `ceiling`) the target was trained for and whose KV
     caches, target and draft at f16, take at most KV_MEMORY_SHARE of `room` bytes (default: the memory
     available now)."""
     per_token, trained = kv_bytes_per_token([p for p in (sel.target, sel.draft) if p])
     return fit_tokens(per_token, trained or ceiling, ceiling, room)
-
-
-def kv_bytes_per_token(paths: list) -> tuple[int, int]:
-    """(KV bytes one token of context takes in every model listed, f16; the first model's trained context)."""
-    from .models.gguf_header import read_header_file
-
-    per_token, trained = 0, 0
-    for i, path in enumerate(paths):
-        h = read_header_file(path)
-        arch = h.architecture or ""
-        n_layer, n_head = h.get(f"{arch}.block_count", 0), h.get(f"{arch}.attention.head_count", 1) or 1
-        n_kv = h.get(f"{arch}.attention.head_count_kv", n_head)
-        head_dim = h.get(f"{arch}.attention.key_length") or h.get(f"{arch}.embedding_length", 0) // n_head
-        per_token += 2 * n_layer * n_kv * head_dim * 2
-        if i == 0:
-            trained = h.get(f"{arch}.context_length", 0) or 0
-    return per_token, trained
-
-
-def fit_tokens(per_token: int, trained: int, ceiling: int, room: int | None = None) -> int:
-    from .machine import memory_bytes
-
-    if room is None:
-        room = memory_bytes()["available"] or 8 << 30  # unknown (not Linux, not macOS): 8 GiB assumed
-    fits = int(room * KV_MEMORY_SHARE // per_token) if per_token else ceiling
-    return max(256, min(ceiling, trained or ceiling, fits) // 256 * 256)
 
 
 def gen_config(gen: GenChoice, sel: Selection | None = None) -> GenConfig:
@@ -195,7 +166,7 @@ def prefetch(path: str) -> None:
 
 def follow_recent_load(engine) -> None:
     """Start at the thread count a process found fastest a moment ago, and remember this one's."""
-    from .costs.tuning import save_threads_hint, threads_hint
+    from .costs.threads import save_threads_hint, threads_hint
 
     gov = engine.governor
     if gov is None:
@@ -229,8 +200,8 @@ def open_engine(sel: Selection, load: LoadConfig, notify: Notify | None = None, 
     from concurrent.futures import ThreadPoolExecutor
 
     from .backend import exact
-    from .costs.tuning import check_pair
     from .engine import Engine
+    from .models.check import check_pair
 
     with ThreadPoolExecutor(1) as pool:
         checked = pool.submit(check_pair, Path(sel.target), Path(sel.draft)) if sel.draft else None
@@ -344,8 +315,7 @@ class Session:
         from .costs import idle
 
         ensure_profile(self.engine, "auto", measure=False)
-        if not busy():
-            idle.measure_all_when_idle(self.engine, busy, request)
+        idle.measure_due(self.engine, busy, request, what="all")
 
     def measurement_word(self) -> str | None:
         """Where this machine's first measurements stand, in a word for a status line (None: all done)."""

@@ -96,12 +96,12 @@ def _close_quietly(session) -> None:
 def generate_reply(session: SessionFace, turn: Turn, messages, cfg, cancel: Callable[[], bool], post: Post,
                    save: Callable[..., None]) -> None:
     """Stream one reply; then, while the user reads, measure what this machine has not measured yet."""
-    STARTED[0] += 1  # a kernel measurement still running after the last reply gives way
     busy = quiet_watch()  # other programs' use of the cores during this reply: none, or nothing is measured
     _stream_reply(session, turn, messages, cfg, cancel, post, save, busy)
-    mine = STARTED[0]
+    engine = session.engine
+    mine = getattr(engine, "answers_started", 0)
     try:  # what is left (the attention kernel), given up when the next reply starts or another program works
-        session.measure_when_idle(busy, request=lambda: STARTED[0] != mine)
+        session.measure_when_idle(busy, request=lambda: getattr(engine, "answers_started", 0) != mine)
     except Exception:  # a measurement must never break the chat: the next idle moment tries again
         pass
 
@@ -160,18 +160,17 @@ def _stream_reply(session: SessionFace, turn: Turn, messages, cfg, cancel: Calla
             save(turn.reply_id, text, runs, complete=error is None,
                  stop_reason=(stats.stop_reason if stats else None) if error is None else "error",
                  error=error, stats=stats.to_dict() if stats else None)
-        if measure_after and not busy():
+        if measure_after:
             _measure(session, post, busy)
         post(ReplyDone(turn, text, stats, live, error))
 
 
-STARTED = [0]  # replies started in this process
-
-
 def _measure(session: SessionFace, post: Post, busy) -> None:
+    if busy():  # another program used the cores during the reply: the next quiet reply measures
+        return
     post(ReplyNote())
     try:
-        idle.measure_when_idle(session.engine, busy, request=lambda: False)  # pass costs (seconds) before the next turn
+        idle.measure_due(session.engine, busy, what="costs")  # pass costs (seconds) before the next turn
         load_draft_in_background(session)
     except Exception:  # the next reply tries again (and decodes plainly meanwhile)
         pass

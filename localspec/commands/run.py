@@ -93,14 +93,13 @@ def cmd_run(args) -> int:
     prompt = engine.prompt_tokens(prompt_text if args.raw else [Message(r, c) for r, c in messages], raw=args.raw)
     engine.check_prompt(prompt)
     session.ensure_profile(None if args.json else stderr_note, measure=False)
-    measure_after = cfg.spec == "auto" and engine.profile is None  # the first run here: priced by the reference
-    busy = quiet_watch()  # curve now (engine.py), measured after the answer, no waiting
+    busy = quiet_watch()  # the first run here: priced by the reference curve now (engine.py), measured after
     out = _Output(args)
     for chunk in engine.generate(prompt, cfg):
         out.write(chunk.text)
     code = out.finish(engine.last_stats, sel.name)
-    if measure_after and not busy():  # auto's pass costs, once, after the answer (~2 s) while the machine is quiet
-        idle.measure_when_idle(engine, busy, request=lambda: False)
+    if cfg.spec == "auto":  # auto's pass costs, once, after the answer, on a machine that stayed quiet
+        idle.measure_due(engine, busy, what="costs")
     return code
 
 

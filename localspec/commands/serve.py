@@ -84,7 +84,7 @@ def cmd_serve(args) -> int:
         sys.stdout.flush()
 
     from ..errors import ConfigError
-    from ..session import SERVE_CTX_FIT
+    from ..models.sizing import SERVE_CTX_FIT
 
     choice = model_choice(args)
     choice.ctx_fit = SERVE_CTX_FIT  # agents' prompts are long: the context the model and memory allow

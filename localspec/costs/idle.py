@@ -6,7 +6,8 @@ A measurement must be invisible: it starts only on a machine other programs left
 `busy()` window), runs in passes that give way within one pass to a request or to another program
 (`stop()`), keeps what it measured before it gave way (the pass-cost rounds done, the kernel's stages
 done), and after giving way to another program waits longer each time (BACKOFF_S) before it tries again.
-`state_of(engine)` is what /metrics, `localspec doctor` and the chat app's status line show.
+`measure_due` is the rule every front end calls; `state_of(engine)` is what /metrics, `localspec doctor` and
+the chat app's status line show.
 """
 
 from __future__ import annotations
@@ -84,6 +85,27 @@ def state_of(engine) -> Measurement:
 def due(engine) -> bool:
     """Something is left to measure on this machine for this engine."""
     return engine.profile is None or attention.engine_pending(engine)
+
+
+def _nobody() -> bool:
+    return False
+
+
+def measure_due(engine, busy: Callable[[], bool], request: Callable[[], bool] = _nobody, what: str = "next") -> bool:
+    """The rule of "answer now, measure when nobody waits", for `localspec run` after its answer, the chat app
+    after a reply and a server's idle worker: nothing while this machine lacks nothing, nor when another
+    program used the cores in the caller's window (`busy()`: it tries again later); else `what` is measured,
+    giving way within a pass to someone waiting (`request()`) or another program. `what`: "costs" (pass costs
+    alone, which price the next answers), "next" (the next thing due) or "all" (everything left).
+    True when something was due."""
+    if state_of(engine).state == "done" or what == "costs" and engine.profile is not None:
+        return False
+    if busy():
+        return True
+    if what == "all":
+        measure_all_when_idle(engine, busy, request)
+        return True
+    return measure_when_idle(engine, busy, request)
 
 
 def measure_when_idle(engine, busy: Callable[[], bool], request: Callable[[], bool]) -> bool:

@@ -17,10 +17,14 @@ docs/BENCHMARKS.md for the measured effect on greedy outputs).
 
 from __future__ import annotations
 
+import json
 import os
 import resource
 import time
+from pathlib import Path
 from typing import Callable
+
+from .. import paths
 
 OTHERS_BUSY = 0.3  # of a core: another program is working, so a measurement now would be noise (and steal from it)
 
@@ -260,3 +264,29 @@ class ThreadGovernor:
         self.apply(n)
         if self.on_change is not None:
             self.on_change(n)
+
+
+HINT_MAX_AGE_S = 60.0  # a machine busy a minute ago is likely still busy
+
+
+def _hint_file() -> Path:
+    return paths.home() / "threads.json"
+
+
+def threads_hint(max_threads: int) -> int | None:
+    """The thread count the last process settled on, if it was recent and fewer than the maximum: a
+    `run` under load then starts (and evaluates its prompt) at the count that was fastest, instead of
+    learning it again from slow passes."""
+    try:
+        h = json.loads(_hint_file().read_text())
+        n, at = int(h["threads"]), float(h["at"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    return n if 1 <= n < max_threads and 0 <= time.time() - at <= HINT_MAX_AGE_S else None
+
+
+def save_threads_hint(n: int) -> None:
+    try:
+        paths.write_atomic(_hint_file(), json.dumps({"threads": n, "at": time.time()}))
+    except OSError:
+        pass

@@ -3,8 +3,9 @@
 The first `run`/`chat` on a new combination measures T_decode, T_verify(n) and T_draft in a few seconds while
 idle (`measure_costs`, sizes interleaved so a burst of load hits all of them alike) and saves them; `localspec
 tune` measures again. A server also measures at whatever depth its cache holds (`measure_at_depth`), and
-`steady_verify` gives the backend's own curve (each size repeated). `measure_when_idle` is the one owner of what
-is measured once nobody waits: pass costs, then the attention kernel.
+`steady_verify` gives the backend's own curve (each size repeated), `keep_depth_curve` stores one measured at
+a new depth. When they are measured is costs/idle.py's (`measure_due`); the pair-compatibility verdicts are
+kept by models/check.py, the thread hints by threads.py.
 """
 
 from __future__ import annotations
@@ -14,11 +15,10 @@ import json
 import statistics
 import time
 from dataclasses import dataclass, field
-from pathlib import Path
 
 from .. import paths
 from ..errors import PassInterrupted
-from .costmodel import CURVE_SIZES, QUICK_SIZES, CostProfile, densify, plausible, timed_pass
+from .costmodel import CURVE_SIZES, QUICK_SIZES, CostProfile, densify, depth_bucket, plausible, timed_pass
 
 
 def profile_key(engine) -> str:
@@ -142,6 +142,18 @@ def _fill_prompt(engine, n: int) -> list[int]:
     """n tokens of code to time passes over (the passes' cost does not depend on which tokens)."""
     prompt = engine.target_model.tokenize("def fibonacci(n):\n    \"\"\"Return the n-th Fibonacci number.\"\"\"\n", True)
     return (prompt * (n // max(1, len(prompt)) + 1))[:n]
+
+
+def keep_depth_curve(prof: CostProfile, tv: list[float], depth: int, quick: bool) -> None:
+    """A pass-cost curve measured at `depth` added to the profile (a quick profile's whole curve replaced by
+    it) and stored."""
+    if quick:
+        prof.t_decode, prof.t_verify, prof.depth = tv[0], tv, depth
+        prof.extra.update(quick=False, sizes=list(CURVE_SIZES))
+    if depth_bucket(depth) is not None:
+        prof.by_depth[str(depth)] = tv
+    if prof.key:
+        keep_profile(prof)
 
 
 def keep_profile(prof: CostProfile) -> None:
@@ -292,59 +304,3 @@ def measure_at_depth(ctx, n_max: int, repeats: int = 3, should_stop=None) -> lis
                 samples.setdefault(n, []).append(dt)
     tv = densify(sizes, [statistics.median(samples[n]) for n in sizes])
     return tv if plausible(tv) and not noisy_sizes(samples) else None
-
-
-def check_pair(target: Path, draft: Path) -> None:
-    """llama.cpp's draft/target rules (pairing.py) from the two GGUF headers, so the draft model can
-    load later, only when a round drafts with it. A verdict of "compatible" is kept per pair of files
-    (name, size, mtime): the header check reads both vocabularies (Qwen's has 151,936 tokens)."""
-    from ..models.check import vocab_info_from_header
-    from ..pairing import require_compatible
-
-    key = f"{_file_key(target)} | {_file_key(draft)}"
-    store = paths.home() / "compatible-pairs.json"
-    try:
-        known = json.loads(store.read_text())
-    except (OSError, ValueError):
-        known = {}
-    if not isinstance(known, dict):  # valid JSON of another shape: start afresh
-        known = {}
-    if known.get(key) is True:
-        return
-    require_compatible(vocab_info_from_header(target), vocab_info_from_header(draft))
-    known[key] = True
-    try:
-        paths.write_atomic(store, json.dumps(known, indent=1))
-    except OSError:  # a read-only data dir: the check simply runs again next time
-        pass
-
-
-def _file_key(path: Path) -> str:
-    st = path.stat()
-    return f"{path.resolve()}:{st.st_size}:{st.st_mtime_ns}"
-
-
-HINT_MAX_AGE_S = 60.0  # a machine busy a minute ago is likely still busy
-
-
-def _hint_file() -> Path:
-    return paths.home() / "threads.json"
-
-
-def threads_hint(max_threads: int) -> int | None:
-    """The thread count the last process settled on, if it was recent and fewer than the maximum: a
-    `run` under load then starts (and evaluates its prompt) at the count that was fastest, instead of
-    learning it again from slow passes."""
-    try:
-        h = json.loads(_hint_file().read_text())
-        n, at = int(h["threads"]), float(h["at"])
-    except (OSError, ValueError, KeyError, TypeError):
-        return None
-    return n if 1 <= n < max_threads and 0 <= time.time() - at <= HINT_MAX_AGE_S else None
-
-
-def save_threads_hint(n: int) -> None:
-    try:
-        paths.write_atomic(_hint_file(), json.dumps({"threads": n, "at": time.time()}))
-    except OSError:
-        pass

@@ -3,11 +3,14 @@
 
 from __future__ import annotations
 
+import json
 import os
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import Any, BinaryIO
 
-from ..pairing import VocabInfo, first_mismatch
+from .. import paths
+from ..pairing import VocabInfo, first_mismatch, require_compatible
 from .archs import rollback_of
 from .gguf_header import read_header, read_header_file, vocab_fields
 from .manage import open_for_header, suggest_drafts
@@ -77,3 +80,30 @@ def vocab_info_from_header(path_or_fileobj: str | os.PathLike | BinaryIO) -> Voc
         where = str(getattr(path_or_fileobj, "name", "the file"))
         return vocab_info(read_header(path_or_fileobj, where), where)  # type: ignore[arg-type]
     return vocab_info(read_header_file(path_or_fileobj), str(path_or_fileobj))
+
+
+def check_pair(target: Path, draft: Path) -> None:
+    """llama.cpp's draft/target rules (pairing.py) from the two GGUF headers, so the draft model can
+    load later, only when a round drafts with it. A verdict of "compatible" is kept per pair of files
+    (name, size, mtime): the header check reads both vocabularies (Qwen's has 151,936 tokens)."""
+    key = f"{_file_key(target)} | {_file_key(draft)}"
+    store = paths.home() / "compatible-pairs.json"
+    try:
+        known = json.loads(store.read_text())
+    except (OSError, ValueError):
+        known = {}
+    if not isinstance(known, dict):  # valid JSON of another shape: start afresh
+        known = {}
+    if known.get(key) is True:
+        return
+    require_compatible(vocab_info_from_header(target), vocab_info_from_header(draft))
+    known[key] = True
+    try:
+        paths.write_atomic(store, json.dumps(known, indent=1))
+    except OSError:  # a read-only data dir: the check simply runs again next time
+        pass
+
+
+def _file_key(path: Path) -> str:
+    st = path.stat()
+    return f"{path.resolve()}:{st.st_size}:{st.st_mtime_ns}"

@@ -21,7 +21,8 @@ from typing import Callable
 from ..errors import LocalspecError
 from ..machine import memory_bytes, process_rss
 from ..models.catalog import CatalogEntry
-from ..session import SERVE_CTX_FIT, GenChoice, ModelChoice, fit_tokens, kv_bytes_per_token
+from ..models.sizing import SERVE_CTX_FIT, fit_tokens, kv_bytes_per_token
+from ..session import GenChoice, ModelChoice
 from .apierrors import ApiError
 from .state import ServerState
 

@@ -25,7 +25,7 @@ import time
 from ..costs import attention, idle
 from ..costs.costmodel import CURVE_SIZES, depth_bucket
 from ..costs.threads import OTHERS_BUSY, CpuWatch
-from ..costs.tuning import keep_profile, measure_at_depth
+from ..costs.tuning import keep_depth_curve, measure_at_depth
 from ..errors import InternalError, LocalspecError, Unavailable
 from ..fim.windows import EditorSettings, EditorWindows
 from ..session import Session
@@ -174,7 +174,7 @@ class ModelWorker:
             return False
         lane = self.lanes.checkout(lane=self.engine.lanes[0], background=True)
         try:
-            return idle.measure_when_idle(self.engine, self._others_busy, request=lambda: not self._quiet())
+            return idle.measure_due(self.engine, self._others_busy, request=lambda: not self._quiet())
         finally:
             self.lanes.checkin(lane, background=True)
 
@@ -240,20 +240,11 @@ class ModelWorker:
         finally:
             lane.target.truncate(held)
         if tv:
-            self._keep_curve(prof, tv, depth, quick)
+            keep_depth_curve(prof, tv, depth, quick)
             self.depth_backoff.done()
         elif gave_way == ["another program"]:  # it would start again at the next quiet moment, and give way again
             self.depth_backoff.another_program()
             self.measure_pending = True
-
-    def _keep_curve(self, prof, tv: list[float], depth: int, quick: bool) -> None:
-        if quick:
-            prof.t_decode, prof.t_verify, prof.depth = tv[0], tv, depth
-            prof.extra.update(quick=False, sizes=list(CURVE_SIZES))
-        if depth_bucket(depth) is not None:
-            prof.by_depth[str(depth)] = tv
-        if prof.key:
-            keep_profile(prof)
 
     def _serve(self, job: Job) -> None:
         held: list = []  # the lane the job got, handed back whatever happens

@@ -175,13 +175,14 @@ def test_a_trial_downwards_that_did_not_pay_holds_off_the_next():
 def test_a_process_starts_at_the_count_a_recent_one_found_fastest(localspec_home, monkeypatch):
     import time
 
-    from localspec.costs import tuning
+    from localspec.costs import threads
 
-    assert tuning.threads_hint(2) is None
-    tuning.save_threads_hint(1)
-    assert tuning.threads_hint(2) == 1 and tuning.threads_hint(1) is None  # only fewer than the maximum
+
+    assert threads.threads_hint(2) is None
+    threads.save_threads_hint(1)
+    assert threads.threads_hint(2) == 1 and threads.threads_hint(1) is None  # only fewer than the maximum
     monkeypatch.setattr(time, "time", lambda: 10 ** 10)  # long ago: not a hint any more
-    assert tuning.threads_hint(2) is None
+    assert threads.threads_hint(2) is None
     m = Machine({2: 1.0, 1: 1.5})  # the machine calmed down since
     g = governor(m)
     saved = []

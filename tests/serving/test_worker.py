@@ -64,10 +64,16 @@ def test_a_servers_first_measurements_wait_for_idle_time_and_a_quiet_machine(tin
     srv.engine = ServingEngine(tiny.target, None, LoadConfig(n_threads=2, n_threads_batch=2))
     srv.lanes, srv.jobs, srv.idle_prompt = LanePool(srv.engine), JobQueue(lambda job: None), None
     try:
-        busy = [True]
-        monkeypatch.setattr(srv, "_others_busy", lambda: busy[0])
-        assert srv._first_measurements() and srv.engine.profile is None  # a busy machine: nothing kept
-        busy[0] = False
+        looks = []  # each look at the other programs: busy from the look numbered busy_from on
+        busy_from = [0]
+        monkeypatch.setattr(srv, "_others_busy", lambda: looks.append(1) or len(looks) > busy_from[0])
+        assert srv._first_measurements() and srv.engine.profile is None  # a busy machine: nothing started
+        assert idle.state_of(srv.engine).state == "pending" and idle.state_of(srv.engine).measured_s == 0
+        looks.clear()
+        busy_from[0] = 1  # quiet when it starts, another program during it: nothing kept
+        assert srv._first_measurements() and srv.engine.profile is None
+        looks.clear()
+        busy_from[0] = 10 ** 6
         assert srv._first_measurements() and srv.engine.profile is None  # backing off
         assert idle.state_of(srv.engine).state == "waiting" and srv._idle_after() > idle.QUIET_BEFORE_S
         idle.state_of(srv.engine).backoff.not_before = 0.0
