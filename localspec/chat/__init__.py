@@ -1,4 +1,5 @@
-"""`localspec chat`: the Textual app (app.py), its widgets, and the SQLite history (history.py).
+"""`localspec chat`: the Textual app (app.py), the conversation it holds (conversation.py), its widgets and
+workers; conversations are saved in the history store (localspec/history.py).
 
 Textual is imported only here, so `localspec run` and friends start without it.
 """

@@ -25,7 +25,7 @@ from ..chat_format import Message
 from ..errors import LocalspecError
 from ..history import HistoryError, HistoryStore
 from ..session import gen_config
-from .context import reply_reserve, turns_to_drop
+from .conversation import Conversation
 from .loading import LoadingEvents
 from .messages import Turn
 from .options import ChatOptions
@@ -61,9 +61,6 @@ class ChatApp(LoadingEvents, ReplyEvents, App):
         self.options = options = options or ChatOptions()
         self.session = None  # the loaded Session (session.py), once the load worker is done
         self.cfg = None
-        self.system: str | None = options.gen.system
-        self.turns: list[Message] = []  # the conversation as the model sees it (user/assistant)
-        self.conversation_id: int | None = None
         self.overrides: dict = {}  # settings changed by slash commands (survive the load)
         self.provenance = False
         self.generating = False
@@ -75,7 +72,6 @@ class ChatApp(LoadingEvents, ReplyEvents, App):
         self.state = State.LOADING
         self.current: Turn | None = None
         self.queued: list[tuple[str, UserMessage]] = []  # typed while the model loads: sent when ready
-        self.sliding = False  # the conversation has outgrown the context (old turns are left out)
         self.replies = 0  # replies finished (or failed) in this session
         self._cancel = threading.Event()
         self._gen_done = threading.Event()
@@ -90,6 +86,7 @@ class ChatApp(LoadingEvents, ReplyEvents, App):
             self.store = HistoryStore(history_path)
         except HistoryError as e:
             self.store_error = str(e)
+        self.conversation = Conversation(self.store, options.gen.system)
 
     # --- layout -------------------------------------------------------------------------------
     def compose(self) -> ComposeResult:
@@ -221,12 +218,12 @@ class ChatApp(LoadingEvents, ReplyEvents, App):
         user_id = reply_id = None
         if self.store is not None:
             try:
-                cid = self._ensure_conversation()
+                cid = self.conversation.saved_id(self.sel, self.settings())
                 user_id = self.store.add_message(cid, "user", text)
                 reply_id = self.store.add_message(cid, "assistant", "", complete=False)
             except Exception as e:  # the disk is full, the file went away, ...
                 await self.say(f"could not save to the history ({e}); the chat goes on unsaved", "error")
-        self.turns.append(Message("user", text))
+        self.conversation.turns.append(Message("user", text))
         if shown is None:
             await self.add_view(UserMessage(text))
         await self._fit_context()
@@ -234,7 +231,7 @@ class ChatApp(LoadingEvents, ReplyEvents, App):
         await self.add_view(view)
         view.start_stream()
         turn = self.current = Turn(text, view, user_id, reply_id)
-        messages = ([Message("system", self.system)] if self.system else []) + list(self.turns)
+        messages = self.conversation.messages()
         self.generating = True
         self.state = State.GENERATING
         self.last_live = None
@@ -247,24 +244,10 @@ class ChatApp(LoadingEvents, ReplyEvents, App):
 
     async def _fit_context(self) -> None:
         """Slide the oldest turns out of the model's view when the next reply would not fit."""
-        system = [Message("system", self.system)] if self.system else []
         n_ctx = self.engine.target.n_ctx
-        drop = turns_to_drop(lambda msgs: len(self.engine.prompt_tokens(msgs)), system, self.turns, n_ctx,
-                             reply_reserve(n_ctx, self.cfg.max_tokens))
-        if drop:
-            self.turns = self.turns[drop:]
-            if not self.sliding:  # said once per conversation, not at every turn
-                self.sliding = True
-                await self.say(f"the oldest messages now leave the model's context ({n_ctx} tokens) as new ones "
-                               "come; the history keeps every one (/new starts afresh)", "info")
-
-    def _ensure_conversation(self) -> int:
-        if self.conversation_id is None:
-            sel = self.sel
-            self.conversation_id = self.store.new_conversation(
-                pair=sel.name if sel else None, target=sel.target if sel else None,
-                draft=sel.draft if sel else None, system=self.system, settings=self.settings())
-        return self.conversation_id
+        if self.conversation.fit(lambda msgs: len(self.engine.prompt_tokens(msgs)), n_ctx, self.cfg.max_tokens):
+            await self.say(f"the oldest messages now leave the model's context ({n_ctx} tokens) as new ones "
+                           "come; the history keeps every one (/new starts afresh)", "info")  # once per conversation
 
     def settings(self) -> dict:
         c = self.cfg
@@ -341,8 +324,7 @@ class ChatApp(LoadingEvents, ReplyEvents, App):
         if self.cfg is not None:
             for k, v in kw.items():
                 setattr(self.cfg, k, v)
-            if self.conversation_id is not None and self.store is not None:
-                self.store.update_conversation(self.conversation_id, settings=self.settings())
+            self.conversation.save_settings(self.settings())
 
     # --- resuming -------------------------------------------------------------------------------
     async def resume(self, cid: int | None) -> None:

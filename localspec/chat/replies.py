@@ -42,8 +42,9 @@ class ReplyEvents:
             # nothing was confirmed: take the prompt back so it can be fixed and sent again
             await turn.view.finish("", "")
             await turn.view.remove()
-            if self.turns and self.turns[-1].role == "user":
-                self.turns.pop()
+            turns = self.conversation.turns
+            if turns and turns[-1].role == "user":
+                turns.pop()
             if self.store is not None:
                 for mid in (turn.reply_id, turn.user_id):
                     if mid is not None:
@@ -58,7 +59,7 @@ class ReplyEvents:
             self.state = State.READY
         else:
             await turn.view.finish(msg.text, reply_note(msg.live, stop, msg.error))
-            self.turns.append(Message("assistant", msg.text))
+            self.conversation.turns.append(Message("assistant", msg.text))
             self.last_reply = msg.text
             self.last_stats = msg.stats
             self.last_live = msg.live

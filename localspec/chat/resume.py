@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from ..chat_format import Message
 from ..history import message_note
 from .provenance import decode_runs
 from .widgets import AssistantMessage, UserMessage
@@ -18,26 +17,18 @@ async def resume_conversation(app, cid: int | None) -> None:
         if cid is None:
             await app.say("no saved conversation to continue; starting a new one", "info")
             return
-    conv = app.store.get(cid)
+    conv = app.conversation.resume(cid, app.options.gen.system)  # --system overrides the saved one
     for w in list(app.conv.children):
         if isinstance(w, (UserMessage, AssistantMessage)):
             await w.remove()
-    app.turns, app.sliding = [], False
-    app.conversation_id = conv.id
-    app.system = app.options.gen.system or conv.system  # --system overrides the saved one
-    if app.system != conv.system:
-        app.store.update_conversation(conv.id, system=app.system)
     for m in conv.messages:
         if m.role == "user":
-            app.turns.append(Message("user", m.content))
             await app.add_view(UserMessage(m.content))
         elif m.role == "assistant":
             if not m.content and (m.error or not m.complete):
                 continue  # a reply that never confirmed a token
-            app.turns.append(Message("assistant", m.content))
             runs = decode_runs(m.provenance)
             await app.add_view(AssistantMessage(m.content, runs, app.provenance, message_note(m)))
             app.last_reply = m.content
     await app.say(f"continuing conversation #{conv.id} “{conv.title or 'untitled'}” "
-                   f"({len(app.turns)} messages)", "ok")
-
+                   f"({len(app.conversation.turns)} messages)", "ok")

@@ -46,13 +46,12 @@ async def _temp(app, rest: str) -> None:
 
 async def _system(app, rest: str) -> None:
     if not rest:
-        await app.say(f"system prompt: {app.system}" if app.system else
+        await app.say(f"system prompt: {app.conversation.system}" if app.conversation.system else
                        "no system prompt; /system TEXT sets one", "info")
         return
-    app.system = None if rest == "-" else rest
-    if app.conversation_id is not None and app.store is not None:
-        app.store.update_conversation(app.conversation_id, system=app.system)
-    await app.say("system prompt removed" if app.system is None else f"system prompt set: {app.system}", "ok")
+    app.conversation.set_system(None if rest == "-" else rest)
+    system = app.conversation.system
+    await app.say("system prompt removed" if system is None else f"system prompt set: {system}", "ok")
 
 async def _spec(app, rest: str) -> None:
     mode = rest.lower()
@@ -73,13 +72,12 @@ async def _clear(app, rest: str) -> None:
             await w.remove()
     await app.say("screen cleared; the model still remembers this conversation (/new forgets it)", "ok")
 
+
 async def _new(app, rest: str) -> None:
     if app.generating:
         raise ConfigError("a reply is being written; Esc cancels it, then /new")
-    app.turns, app.sliding = [], False
-    app.conversation_id = None
+    app.conversation.start_new(app.options.gen.system)
     app.last_live = None
-    app.system = app.options.gen.system
     for w in list(app.conv.children):
         if not w.has_class("banner") and w.id != "loading":
             await w.remove()
@@ -104,7 +102,7 @@ async def _history(app, rest: str) -> None:
     lines = ["saved conversations (newest first; /history ID opens one, "
              "`localspec history show ID` prints it):"]
     for c in convs:
-        mark = " ◀ this one" if c.id == app.conversation_id else ""
+        mark = " ◀ this one" if c.id == app.conversation.id else ""
         lines.append(f"  #{c.id}  {local_time(c.updated_at)}  {c.n_messages:>3} msgs  {c.title or '(untitled)'}{mark}")
     await app.say("\n".join(lines), "info")
 

@@ -86,7 +86,7 @@ def test_prompt_streams_a_reply_and_fills_the_status_bar(tiny):
             assert re.search(r"spec on k=4 temp=0 │ (measuring │ |measure pending │ |measure later │ )?[0-9.]+ tok/s │ "
                              r"accept [0-9]+% │ mean acc len [0-9.]+ │ [0-9.]+ passes/tok", bar), bar
             assert "tok/s" in str(view.note.content)  # the footnote under the reply
-            assert [m.role for m in app.turns] == ["user", "assistant"]
+            assert [m.role for m in app.conversation.turns] == ["user", "assistant"]
     run(go())
 
 
@@ -150,7 +150,7 @@ def test_slash_commands_change_settings(tiny):
 
             assert "k = 2" in await cmd("/k 2") and app.cfg.draft_max == 2 and "k=2" in status_text(app)
             assert "temperature = 0.5" in await cmd("/temp 0.5") and app.cfg.temperature == 0.5
-            assert "system prompt set" in await cmd("/system Answer briefly.") and app.system == "Answer briefly."
+            assert "system prompt set" in await cmd("/system Answer briefly.") and app.conversation.system == "Answer briefly."
             assert "Answer briefly." in await cmd("/system")
             assert "/k N" in await cmd("/help") and "/copy" in await cmd("/help")
             assert "no reply yet" in await cmd("/stats")
@@ -175,11 +175,11 @@ def test_slash_commands_change_settings(tiny):
             assert copies[0].read_text(encoding="utf-8").rstrip("\n") == view.text.rstrip("\n")
             assert "#1" in await cmd("/history")
             assert "screen cleared" in await cmd("/clear")
-            assert not app.query(AssistantMessage) and len(app.turns) == 2  # the model still remembers
+            assert not app.query(AssistantMessage) and len(app.conversation.turns) == 2  # the model still remembers
             assert "new conversation" in await cmd("/new")
-            assert app.turns == [] and app.conversation_id is None
+            assert app.conversation.turns == [] and app.conversation.id is None
             assert "continuing conversation #1" in await cmd("/history 1")  # reopen it
-            assert len(app.turns) == 2 and app.conversation_id == 1 and len(app.query(AssistantMessage)) == 1
+            assert len(app.conversation.turns) == 2 and app.conversation.id == 1 and len(app.query(AssistantMessage)) == 1
         conv = db_rows("SELECT * FROM conversations")[0]
         assert conv["system"] == "Answer briefly."
         assert json.loads(conv["settings"])["spec"] == "off"
@@ -234,12 +234,12 @@ def test_rows_in_sqlite_after_exit_and_continue_resumes(tiny):
         app = chat_app(tiny, "--continue", "--max-tokens", "64")
         async with app.run_test(size=SIZE) as pilot:
             await ready(pilot, app)
-            assert app.conversation_id == conv[0]["id"] and app.system == "Be terse."
-            assert [m.role for m in app.turns] == ["user", "assistant"]
+            assert app.conversation.id == conv[0]["id"] and app.conversation.system == "Be terse."
+            assert [m.role for m in app.conversation.turns] == ["user", "assistant"]
             assert len(app.query(UserMessage)) == 1 and len(app.query(AssistantMessage)) == 1
             assert any("continuing conversation" in n for n in notices(app, "ok"))
             await send(pilot, app, "write the code")
-            assert len(app.turns) == 4
+            assert len(app.conversation.turns) == 4
 
     run(second())
     assert len(db_rows("SELECT * FROM conversations")) == 1
@@ -282,7 +282,7 @@ def test_a_template_that_refuses_the_conversation_gives_the_prompt_back(tiny):
             await pilot.press("enter")
             await wait_until(pilot, lambda: any("not answered" in n for n in notices(app, "error")),
                              "the template error")
-            assert not app.generating and app.turns == [] and box.text == "hello world"
+            assert not app.generating and app.conversation.turns == [] and box.text == "hello world"
             assert not app.query(AssistantMessage)
         assert db_rows("SELECT COUNT(*) AS n FROM messages")[0]["n"] == 0
     run(go())
@@ -386,8 +386,8 @@ def test_a_message_typed_while_loading_is_shown_and_sent_when_ready(tiny, monkey
             assert app.loading and box.text == "" and any("queued" in n for n in notices(app, "info"))
             gate.set()
             await ready(pilot, app)
-            await wait_until(pilot, lambda: len(app.turns) == 2 and not app.generating, "the reply")
-            assert [m.role for m in app.turns] == ["user", "assistant"] and app.turns[0].content == "hello world"
+            await wait_until(pilot, lambda: len(app.conversation.turns) == 2 and not app.generating, "the reply")
+            assert [m.role for m in app.conversation.turns] == ["user", "assistant"] and app.conversation.turns[0].content == "hello world"
             assert len(app.query(UserMessage)) == 1 and list(app.query(AssistantMessage))[0].text
     run(go())
 
@@ -410,11 +410,11 @@ def test_two_hundred_turns_slide_through_a_small_context(tiny):
             rss1 = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
             print(f"peak RSS (MB) after turns: 5: {rss0 / 1024:.1f}, " + ", ".join(f"{t}: {m}" for t, m in curve))
             assert not notices(app, "error")
-            assert app.sliding and sum("leave the model's context" in n for n in notices(app, "info")) <= 1  # said once
-            assert len(app.turns) < 400  # the model sees the recent turns only
+            assert app.conversation.sliding and sum("leave the model's context" in n for n in notices(app, "info")) <= 1  # said once
+            assert len(app.conversation.turns) < 400  # the model sees the recent turns only
             assert len(app.query(UserMessage)) + len(app.query(AssistantMessage)) <= 200  # the screen keeps the newest
             assert (rss1 - rss0) / 1024 < 50, f"peak RSS grew {(rss1 - rss0) / 1024:.1f} MB over 195 turns"
-            return app.conversation_id
+            return app.conversation.id
     cid = run(go())
     assert db_rows("SELECT COUNT(*) AS n FROM messages WHERE conversation_id = ?", cid)[0]["n"] == 400
 
@@ -442,10 +442,10 @@ def test_a_conversation_the_page_started_opens_with_its_sources(tiny):
             box = app.query_one(PromptInput)
             box.load_text(f"/history {cid}")
             await pilot.press("enter")
-            await wait_until(pilot, lambda: app.conversation_id == cid, "the page's conversation")
+            await wait_until(pilot, lambda: app.conversation.id == cid, "the page's conversation")
             view = list(app.query(AssistantMessage))[-1]
             assert view.text == "the L1 cache" and ("L1 cache", "model") in view.runs
-            assert app.system == "Be brief." and [t.role for t in app.turns] == ["user", "assistant"]
+            assert app.conversation.system == "Be brief." and [t.role for t in app.conversation.turns] == ["user", "assistant"]
     run(go())
 
 
@@ -472,7 +472,7 @@ def test_model_switches_to_another_model_on_this_machine(tiny):
             first = (await send(pilot, app, "hello world")).text
             await cmd("/model beta")
             await ready(pilot, app)
-            assert app.sel.target == str(models / "beta.gguf") and len(app.turns) == 2
+            assert app.sel.target == str(models / "beta.gguf") and len(app.conversation.turns) == 2
             second = (await send(pilot, app, "hello world")).text
             assert second and second != first  # another model's answer, the conversation carried on
             assert "model: beta.gguf;" in await cmd("/model")
