@@ -223,3 +223,15 @@ def test_the_tests_mirror_the_package():
     tests = PKG.parent / "tests"
     folders = [p.name for p in tests.iterdir() if p.is_dir() and not p.name.startswith((".", "__"))]
     assert [f for f in folders if not (PKG / f / "__init__.py").exists()] == []
+
+
+def test_the_architecture_page_has_a_row_per_folder():
+    """Each package folder is a row of docs/ARCHITECTURE.md's table (`| \\`folder/\\` |`), and no row names a
+    folder that is gone."""
+    import re
+
+    doc = (PKG.parent / "docs" / "ARCHITECTURE.md").read_text()
+    rows = set(re.findall(r"^\| `([\w/]+/)` \|", doc, re.M))
+    folders = {"localspec/"} | {p.parent.relative_to(PKG).as_posix() + "/" for p in PKG.rglob("__init__.py")
+                                if p.parent != PKG}
+    assert rows == folders

