@@ -109,17 +109,11 @@ def _post(port: int, path: str, body: dict) -> None:
 
 
 def _wait_health(port: int, proc: subprocess.Popen, timeout: float = 600) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
+    from harness.serverproc import wait_healthy
+
+    if not wait_healthy(f"http://127.0.0.1:{port}/health", proc, timeout, poll_s=0.5):
         if proc.poll() is not None:
             raise SystemExit(f"the server exited with {proc.returncode}")
-        try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=5) as r:
-                if r.status == 200:
-                    return
-        except OSError:
-            pass
-        time.sleep(0.5)
     raise SystemExit("the server did not become ready")
 
 

@@ -30,6 +30,7 @@ from pathlib import Path
 import httpx
 
 from harness.llamacpp_tools import CACHE, build  # noqa: E402
+from harness.serverproc import wait_healthy
 
 ROOT = Path(__file__).resolve().parent.parent
 PAIR = "qwen2.5-coder-1.5b"
@@ -70,17 +71,8 @@ class Server:
         self.log = open(log, "w")
         self.proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=self.log, stderr=subprocess.STDOUT,
                                      stdin=subprocess.DEVNULL, start_new_session=True)
-        end = time.monotonic() + 600
-        while time.monotonic() < end:
-            if self.proc.poll() is not None:
-                sys.exit(f"router-bench: {name} exited; see {log}")
-            try:
-                if httpx.get(self.url + ready, timeout=2).status_code == 200:
-                    return
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.2)
-        sys.exit(f"router-bench: {name} did not get ready; see {log}")
+        if not wait_healthy(self.url + ready, self.proc, 600):
+            sys.exit(f"router-bench: {name} {'exited' if self.proc.poll() is not None else 'did not get ready'}; see {log}")
 
     def rss(self) -> int:
         """The server's resident memory with its child processes (llama-server's router runs one per model)."""

@@ -235,3 +235,8 @@ def test_the_architecture_page_has_a_row_per_folder():
     folders = {"localspec/"} | {p.parent.relative_to(PKG).as_posix() + "/" for p in PKG.rglob("__init__.py")
                                 if p.parent != PKG}
     assert rows == folders
+
+
+def test_no_python_hides_in_a_shell_script():
+    """Every script's Python is a module a linter and an import reach, never a heredoc in a bash script."""
+    assert [where for where in python_in_scripts() if "heredoc" in where] == []

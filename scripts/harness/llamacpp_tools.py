@@ -12,8 +12,6 @@ import shutil
 import subprocess
 import sys
 import tempfile
-import time
-import urllib.request
 from pathlib import Path
 
 from localspec.machine import llama_cmake_args  # llama.cpp built as localspec's own is (no AMX kernel where it crashes)
@@ -55,24 +53,16 @@ class LlamaServer:
     """llama-server on a free loopback port, ready when its /health says so."""
 
     def __init__(self, binary: Path, model: str, flags: list[str], log: Path):
-        from .serverproc import free_port  # tests/, on the path of every script that starts servers
+        from .serverproc import free_port, wait_healthy
 
         self.port = free_port()
         self.log = open(log, "w")
         self.proc = subprocess.Popen([str(binary), "-m", model, "--host", "127.0.0.1", "--port", str(self.port), *flags],
                                      stdout=self.log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
-        end = time.monotonic() + 300
-        while time.monotonic() < end:
+        if not wait_healthy(f"http://127.0.0.1:{self.port}/health", self.proc, 300):
             if self.proc.poll() is not None:
                 raise RuntimeError(f"llama-server exited ({self.proc.returncode}); see {log}")
-            try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/health", timeout=2) as r:
-                    if r.status == 200:
-                        return
-            except OSError:
-                pass
-            time.sleep(0.2)
-        raise RuntimeError("llama-server did not become ready")
+            raise RuntimeError("llama-server did not become ready")
 
     def stop(self) -> int:
         self.proc.terminate()

@@ -30,6 +30,23 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def wait_healthy(url: str, proc: subprocess.Popen | None, timeout: float, poll_s: float = 0.2) -> bool:
+    """Until `url` (a server's /health) answers 200: True; False once `proc` exits or `timeout` seconds pass.
+    The one readiness loop of every script and test that starts a server (localspec's or llama-server's)."""
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        if proc is not None and proc.poll() is not None:
+            return False
+        try:
+            with urllib.request.urlopen(url, timeout=2) as r:
+                if r.status == 200:
+                    return True
+        except (urllib.error.URLError, OSError):
+            pass
+        time.sleep(poll_s)
+    return False
+
+
 class ServerProcess:
     def __init__(self, args: list[str], home: Path, env: dict | None = None, wait: bool = True,
                  cwd: Path | None = None):
@@ -58,18 +75,9 @@ class ServerProcess:
             raise
 
     def _wait_ready(self, timeout: float) -> None:
-        end = time.monotonic() + timeout
-        while time.monotonic() < end:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"the server exited ({self.proc.returncode}): {self.output()}")
-            try:
-                with urllib.request.urlopen(self.url + "/health", timeout=2) as r:
-                    if r.status == 200:
-                        return
-            except (urllib.error.URLError, OSError):
-                pass
-            time.sleep(0.1)
-        raise RuntimeError(f"the server did not become ready: {self.output()}")
+        if not wait_healthy(self.url + "/health", self.proc, timeout, poll_s=0.1):
+            what = f"exited ({self.proc.returncode})" if self.proc.poll() is not None else "did not become ready"
+            raise RuntimeError(f"the server {what}: {self.output()}")
 
     def get(self, path: str, headers: dict | None = None) -> tuple[int, dict | str]:
         req = urllib.request.Request(self.url + path, headers=headers or {})
@@ -118,3 +126,7 @@ def drop_data_copies(root: Path) -> None:
     for d in [*root.rglob("models"), *root.rglob("prompt-cache")]:
         if d.is_dir() and not (d / "__init__.py").exists():  # never a checkout's localspec/models package
             shutil.rmtree(d, ignore_errors=True)
+
+
+if __name__ == "__main__":  # from a shell script: PYTHONPATH=scripts python -m harness.serverproc URL [SECONDS]
+    sys.exit(0 if wait_healthy(sys.argv[1], None, float(sys.argv[2]) if len(sys.argv) > 2 else 120) else 1)

@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 from conftest import THREADS
 
-SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "shape-twin"
+SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "shape_twin.py"
 
 
 def twin_of(model: Path, tmp: Path) -> Path:
