@@ -27,3 +27,27 @@ def describe(kind: str) -> str:
     return {PARTIAL: "a rejected draft's cells dropped (a transformer's KV cache)",
             SNAPSHOT: "per-token state snapshots for short drafts, checkpoints for longer ones",
             CHECKPOINT: "a state checkpoint before each verify pass, the kept tokens replayed"}[kind]
+
+
+# Drafters that ship with models: a target's own NextN (multi-token-prediction) blocks, and drafter GGUFs of
+# architectures of their own, which llama-server drives with --spec-type draft-mtp, draft-eagle3, draft-dflash
+DRAFTER_ARCHS = {"eagle3": "an EAGLE-3 drafter", "dflash": "a DFlash drafter",
+                 "gemma4-assistant": "a Gemma 4 assistant drafter"}
+
+
+def draft_head(arch: str | None, nextn_layers: int) -> str | None:
+    """The drafter a GGUF carries or is, from its header: "nextn" (NextN blocks after its main layers), a
+    drafter architecture's name, or None."""
+    if arch in DRAFTER_ARCHS:
+        return arch
+    return "nextn" if nextn_layers > 0 else None
+
+
+def drafter_refusal(arch: str | None, name: str) -> str | None:
+    """Why a drafter file cannot be the draft model here (None: it is an ordinary model): it drafts from the
+    target's hidden states through llama.cpp's staging interface, which this version does not drive for it."""
+    if arch not in DRAFTER_ARCHS:
+        return None
+    return (f"{name} is {DRAFTER_ARCHS[arch]} (architecture {arch}), not a draft model: it drafts from the "
+            "target's hidden states, which localspec does not drive yet; give a same-vocabulary draft model "
+            "or use --drafter ngram")

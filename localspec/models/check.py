@@ -10,8 +10,9 @@ from pathlib import Path
 from typing import Any, BinaryIO
 
 from .. import paths
+from ..errors import IncompatiblePairError
 from ..pairing import VocabInfo, first_mismatch, require_compatible
-from .archs import rollback_of
+from .archs import draft_head, drafter_refusal, rollback_of
 from .gguf_header import read_header, read_header_file, vocab_fields
 from .manage import open_for_header, suggest_drafts
 
@@ -33,6 +34,8 @@ class ModelHeaderSummary:
     header_bytes: int
     bytes_read: int
     rollback: str = "partial"  # how a rejected draft is rolled back on this architecture (archs.py)
+    draft_head: str | None = None  # "nextn" (its own NextN blocks), a drafter architecture, or None
+    nextn_layers: int = 0
 
 
 @dataclass
@@ -56,8 +59,15 @@ def summarize(ref: str, side: str) -> tuple[ModelHeaderSummary, VocabInfo]:
         ref=ref, where=where, architecture=header.architecture, name=header.get("general.name"),
         basename=header.get("general.basename"), file_type=header.file_type_name, vocab_type=info.vocab_type, n_tokens=info.n_tokens, bos=info.bos,
         eos=info.eos, add_bos=info.add_bos, header_bytes=header.header_bytes, bytes_read=header.bytes_read,
-        rollback=rollback_of(header.architecture))
+        rollback=rollback_of(header.architecture), nextn_layers=nextn_layers(header),
+        draft_head=draft_head(header.architecture, nextn_layers(header)))
     return summary, info
+
+
+def nextn_layers(header) -> int:
+    """How many NextN (MTP) draft blocks the model carries after its main layers."""
+    n = header.get(f"{header.architecture}.nextn_predict_layers") if header.architecture else None
+    return n if isinstance(n, int) and n > 0 else 0
 
 
 def check_pair_files(target_ref: str, draft_ref: str | None) -> CheckResult:
@@ -67,7 +77,7 @@ def check_pair_files(target_ref: str, draft_ref: str | None) -> CheckResult:
     if draft_ref is None:
         return CheckResult(target, None, None, None, suggestions)
     draft, draft_info = summarize(draft_ref, "draft")
-    why = first_mismatch(target_info, draft_info)
+    why = drafter_refusal(draft.architecture, draft.where) or first_mismatch(target_info, draft_info)
     return CheckResult(target, draft, why is None, why, suggestions)
 
 
@@ -96,7 +106,11 @@ def check_pair(target: Path, draft: Path) -> None:
         known = {}
     if known.get(key) is True:
         return
-    require_compatible(vocab_info_from_header(target), vocab_info_from_header(draft))
+    header = read_header_file(draft)
+    refused = drafter_refusal(header.architecture, str(draft))
+    if refused:
+        raise IncompatiblePairError(refused)
+    require_compatible(vocab_info_from_header(target), vocab_info(header, str(draft)))
     known[key] = True
     try:
         paths.write_atomic(store, json.dumps(known, indent=1))

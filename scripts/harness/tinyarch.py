@@ -31,7 +31,9 @@ def _hparams(w, arch: str, d: dict) -> None:
     a, N_HEAD, N_LAYER = arch, d["heads"], d["layers"]
     w.add_uint32(f"{a}.context_length", N_CTX_TRAIN)
     w.add_uint32(f"{a}.embedding_length", d["width"])
-    w.add_uint32(f"{a}.block_count", N_LAYER)
+    w.add_uint32(f"{a}.block_count", N_LAYER + d.get("nextn", 0))
+    if d.get("nextn"):  # multi-token-prediction (NextN) blocks after the main ones, as Qwen3.5 ships them
+        w.add_uint32(f"{a}.nextn_predict_layers", d["nextn"])
     w.add_uint32(f"{a}.feed_forward_length", d["ff"])
     w.add_float32(f"{a}.attention.layer_norm_rms_epsilon", 1e-5)
     w.add_float32(f"{a}.attention.layer_norm_epsilon", 1e-5)
@@ -132,14 +134,15 @@ def _values(name: str, n: int, seed: int, perturb: float, width: int) -> np.ndar
 
 
 def build_tiny_arch(path: str | Path, arch: str, seed: int = 0, perturb: float = 0.0,
-                    chat_template: str | None = CHATML, dims: dict | None = None) -> Path:
-    """dims: sizes over TINY's (a shape twin's: a released model's widths, layers and vocabulary)."""
+                    chat_template: str | None = CHATML, dims: dict | None = None, nextn: int = 0) -> Path:
+    """dims: sizes over TINY's (a shape twin's: a released model's widths, layers and vocabulary); nextn: that
+    many NextN (MTP) draft blocks after the main layers, saved with the model."""
     from localspec.backend.model import llama
 
     L = llama()  # llama.cpp's log kept quiet
     path = Path(path)
     meta = path.with_suffix(".meta.gguf")
-    d = {**TINY, **(dims or {})}
+    d = {**TINY, **(dims or {}), "nextn": nextn}
     _metadata(meta, arch, chat_template, d, f"tiny-{arch}" if dims is None else f"twin-{arch}")
     lib = _libggml()
     ctx = lib.gguf_init_from_file(str(meta).encode(), _InitParams(True, None))
@@ -157,6 +160,7 @@ def build_tiny_arch(path: str | Path, arch: str, seed: int = 0, perturb: float =
 
     params = L.llama_model_default_params()
     params.n_gpu_layers = 0
+    params.load_mtp = bool(nextn)  # else llama.cpp skips the NextN blocks' tensors
     try:
         model = L.llama_model_init_from_user(ctypes.c_void_p(ctx), fill, None, params)
         if not model:
@@ -166,7 +170,37 @@ def build_tiny_arch(path: str | Path, arch: str, seed: int = 0, perturb: float =
     finally:
         lib.gguf_free(ctx)
         meta.unlink(missing_ok=True)
+    if nextn:  # llama.cpp saves the per-layer recurrence flags for the main layers only, and would refuse the
+        _extend_layers(path, f"{arch}.attention.recurrent_layers", nextn)  # file: the NextN blocks attend
     return path
+
+
+def _extend_layers(path: Path, key: str, extra: int) -> None:
+    """The GGUF at `path` written again with the per-layer array `key` extended by `extra` zeros (tensors as
+    they are; empty arrays, which gguf cannot write, left out: llama.cpp reads them as absent)."""
+    import gguf
+
+    reader = gguf.GGUFReader(str(path))
+    out = path.with_suffix(".tmp.gguf")
+    writer = gguf.GGUFWriter(str(out), reader.fields["general.architecture"].contents())
+    for f in reader.fields.values():
+        if f.name == "general.architecture" or f.name.startswith("GGUF."):
+            continue
+        sub = f.types[-1] if f.types[0] == gguf.GGUFValueType.ARRAY else None
+        if sub is not None and not f.data:
+            continue
+        value = f.contents() + [0] * extra if f.name == key else f.contents()
+        writer.add_key_value(f.name, value, f.types[0], sub_type=sub)
+    for t in reader.tensors:
+        writer.add_tensor_info(t.name, t.data.shape, t.data.dtype, t.data.nbytes, t.tensor_type)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_ti_data_to_file()
+    for t in reader.tensors:
+        writer.write_tensor_data(t.data)
+    writer.close()
+    del reader
+    out.replace(path)
 
 
 if __name__ == "__main__":  # PYTHONPATH=scripts python -m harness.tinyarch DIR ARCH...

@@ -1,0 +1,62 @@
+"""Drafters that ship with models, recognised from their headers: a target's own NextN (MTP) blocks, and
+drafter files of architectures of their own (EAGLE-3, DFlash, Gemma 4 assistants), refused as draft models
+with one line that says why."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from conftest import THREADS, invoke
+
+from harness.tinyarch import build_tiny_arch
+from harness.tinygguf import CHATML, tiny_vocab
+
+
+@pytest.fixture(scope="module")
+def heads(tmp_path_factory):
+    d = tmp_path_factory.mktemp("heads")
+    return {"nextn": build_tiny_arch(d / "nextn.gguf", "qwen35", seed=0, nextn=1),
+            "plain": build_tiny_arch(d / "plain.gguf", "qwen35", seed=0),
+            "eagle3": _drafter_header(d / "eagle3.gguf", "eagle3")}
+
+
+def _drafter_header(path, arch: str):
+    """A drafter file's header (the tests' vocabulary, no weights): what `check` and pairing read."""
+    import gguf
+
+    tokens, scores, types = tiny_vocab()
+    w = gguf.GGUFWriter(str(path), arch)
+    w.add_name(f"tiny-{arch}")
+    w.add_tokenizer_model("llama")
+    w.add_token_list(tokens)
+    w.add_token_scores(scores)
+    w.add_token_types(types)
+    w.add_bos_token_id(1)
+    w.add_eos_token_id(4)
+    w.add_add_bos_token(True)
+    w.add_chat_template(CHATML)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.close()
+    return path
+
+
+def test_a_targets_nextn_blocks_are_recognised(heads, tmp_path):
+    r = invoke("check", str(heads["nextn"]), "--json", home=tmp_path)
+    target = json.loads(r.out)["target"]
+    assert r.code == 0 and target["draft_head"] == "nextn" and target["nextn_layers"] == 1
+    plain = json.loads(invoke("check", str(heads["plain"]), "--json", home=tmp_path).out)["target"]
+    assert plain["draft_head"] is None and plain["nextn_layers"] == 0
+    text = invoke("check", str(heads["nextn"]), home=tmp_path).out
+    assert "target draft head: 1 NextN (MTP) block(s)" in text
+
+
+def test_a_drafter_file_is_refused_as_a_draft_model_in_one_line(heads, tmp_path):
+    r = invoke("check", str(heads["plain"]), str(heads["eagle3"]), "--json", home=tmp_path)
+    result = json.loads(r.out)
+    assert result["compatible"] is False and result["draft"]["draft_head"] == "eagle3"
+    assert "an EAGLE-3 drafter (architecture eagle3), not a draft model" in result["mismatch"]
+    r = invoke("run", "--target", str(heads["plain"]), "--draft", str(heads["eagle3"]), "--threads", str(THREADS),
+               "-c", "256", "-n", "4", "--spec", "on", "hello", home=tmp_path)
+    assert r.code != 0 and r.err.count("\n") == 1 and "not a draft model" in r.err and "Traceback" not in r.err
