@@ -15,6 +15,10 @@ def default_threads() -> int:
     return max(1, os.cpu_count() or 1)
 
 
+# model: a separate draft model; ngram: prompt lookup; hybrid: n-grams when their match is long, the model else;
+# mtp: the target's own NextN (multi-token-prediction) blocks
+DRAFTERS = ("model", "ngram", "hybrid", "mtp")
+
 @dataclass
 class GenConfig:
     # --- sampling (applied identically to the target p and the draft q) ---
@@ -27,7 +31,7 @@ class GenConfig:
 
     # --- speculation ---
     spec: str = "auto"  # "on" | "off" | "auto" (auto drafts only when the cost model says it pays)
-    drafter: str = "hybrid"  # "model" | "ngram" | "hybrid"
+    drafter: str = "hybrid"  # one of DRAFTERS
     draft_max: int = 4  # k: the most tokens drafted per round (auto may choose fewer, down to 0)
     ngram_draft_max: int = 64  # n-gram drafts cost nothing to make, so auto may verify long ones (-k sets both)
     prediction: str = ""  # the expected output (OpenAI's predicted outputs): an n-gram draft source aligned with the answer

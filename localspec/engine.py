@@ -14,7 +14,8 @@ from typing import Callable, Iterator, TypeVar
 
 import numpy as np
 
-from .backend import Context, GrammarSampler, Model, exact, fill_to_answer, system_info
+from .backend import Context, GrammarSampler, Model, exact, fill_to_answer, mtp, system_info
+from .backend.mtp import MtpHead
 from .chat_format import CHATML, Message, chat_text, prompt_tokens
 from .config import GenConfig, LoadConfig
 from .costs.attention import cpu_kernel
@@ -22,7 +23,7 @@ from .costs.costmodel import reference_profile
 from .costs.predictions import estimated_speedup
 from .costs.threads import ThreadGovernor
 from .decoding.constraints import GrammarConstraint, starts_with_grammar
-from .decoding.drafters import DraftModel, assemble_drafter
+from .decoding.drafters import DraftModel, MtpDrafter, assemble_drafter
 from .decoding.loop import speculative_decode
 from .decoding.ngram import NgramDrafter, NgramMemory
 from .decoding.policy import REPEATABLE_MIN_MATCH, FixedK, make_policy
@@ -58,6 +59,8 @@ class Engine:
                               n_seq=max(1, load.n_parallel), flash_attn=self.flash_attn,
                               kv_type=exact.KV_TYPE if load.exact else "f16")
         self.target.pad_verify = self.pads_verify(load)
+        self.target.hidden = mtp.attach(self.target)  # a NextN head's input kept from every target pass
+        self.mtp_head: MtpHead | None = None
         self.reference = reference_profile("gpu" if self.on_gpu(load) else "cpu")  # costmodel.REFERENCE_VERIFY
         self.governor = None
         if load.adapt_threads and load.n_threads > 1:
@@ -189,8 +192,16 @@ class Engine:
     def make_drafter(self, cfg: GenConfig, rng, lane: Lane | None = None):
         lane = lane or self.lane
         model = DraftModel(lane.draft, cfg, rng) if self.draft_path else None
+        head = self._head(lane) if cfg.drafter == "mtp" else None
         # other requests' text only where it cannot change the answer
-        return assemble_drafter(cfg, model, lane.ngram, recall=not self.decides_from_request_alone(cfg))
+        return assemble_drafter(cfg, model, lane.ngram, recall=not self.decides_from_request_alone(cfg),
+                                mtp=MtpDrafter(head, cfg, rng) if head else None)
+
+    def _head(self, lane: Lane) -> MtpHead | None:
+        """The target's NextN (MTP) head, made on first use: one lane only (its context holds one sequence)."""
+        if self.mtp_head is None and self.target.hidden is not None and len(self.lanes) == 1:
+            self.mtp_head = MtpHead(self.target, self.target.hidden)
+        return self.mtp_head
 
     def generate(self, prompt: list[int], cfg: GenConfig, cancel: Callable[[], bool] | None = None,
                  lane: Lane | None = None, priority: bool = False) -> Iterator[Chunk]:
@@ -376,7 +387,7 @@ class Engine:
         return text, self.last_stats
 
     def close(self) -> None:
-        for x in (self.target, self.draft_ctx, self.target_model, self.draft_model):
+        for x in (self.mtp_head, self.target, self.draft_ctx, self.target_model, self.draft_model):
             if x is not None:
                 x.close()
 

@@ -60,10 +60,9 @@ class Context:
         self.batch = L.llama_batch_init(n_batch, 0, 1)
         for i in range(n_batch):
             self.batch.n_seq_id[i] = 1
-        # per sequence: its tokens, how their rows were computed (passes.py); a recurrent model's checkpoints,
-        # the tokens its last pass put in (snapshots reach back within that pass only, once), and the tail a
-        # rollback by checkpoint left to evaluate again, which goes in with the sequence's next pass
-        # (llama-server's replay as the next batch), so a miss costs no pass of its own
+        # per sequence: its tokens, how their rows were computed (passes.py); a recurrent model's checkpoints, its
+        # last pass's tokens (snapshots reach back within it, once), and the tail owed after a rollback by
+        # checkpoint, which goes in with its next pass (llama-server's replay), so a miss costs no pass of its own
         self.seq_tokens: dict[int, list[int]] = {}
         self.seq_cuts: dict[int, Cuts] = {}
         self.seq_ckpts: dict[int, Checkpoints] = {}
@@ -77,11 +76,12 @@ class Context:
         self.decode_s = 0.0  # wall time spent inside llama_decode (for the overhead figure)
         self.n_decode = 0
         self.observer = None  # called with (tokens, seconds) after each llama_decode (threads.ThreadGovernor)
+        self.hidden = None  # mtp.HiddenRows: each row's final hidden state kept, for a NextN head
         self.threads = cp.n_threads  # for single tokens and short passes (decode, verification)
         self.threads_batch = cp.n_threads_batch  # for long passes (prompt evaluation)
         self._batch_now = cp.n_threads_batch  # what llama.cpp uses for passes over more than one token now
-        # llama.cpp asks this between the graph's nodes whether to give the pass up (set only around
-        # passes that may give way: a Python call per node, nothing while unset)
+        # llama.cpp asks this between the graph's nodes whether to give the pass up (set only around passes that
+        # may give way: a Python call per node, nothing while unset)
         self._abort: Callable[[], bool] | None = None
         self._abort_next = 0.0  # the question is put to `_abort` at most every ABORT_POLL_S
         self._abort_cb = L.ggml_abort_callback(self._should_abort)
@@ -169,15 +169,20 @@ class Context:
             else:
                 outs = [None] * len(parts)
             dt = time.perf_counter() - t0
-            self.decode_s += dt
-            self.n_decode += 1
-            for seq, toks, _ in parts:
-                self.seq_tokens[seq].extend(toks)
-                self._last_pass[seq] = len(self._owed[seq]) + len(toks)
-                self._owed[seq] = []
+            self._after_pass(parts, starts, i, dt)
         if self.observer is not None:
             self.observer(i, dt)
         return outs
+
+    def _after_pass(self, parts, starts: list[int], n_tokens: int, dt: float) -> None:
+        self.decode_s += dt
+        self.n_decode += 1
+        if self.hidden is not None:
+            self.hidden.keep([(s, n0, len(self._owed[s]) + len(t)) for (s, t, _), n0 in zip(parts, starts)], n_tokens)
+        for seq, toks, _ in parts:
+            self.seq_tokens[seq].extend(toks)
+            self._last_pass[seq] = len(self._owed[seq]) + len(toks)
+            self._owed[seq] = []
 
     def _before_pass(self, parts) -> None:
         """A recurrent state saved before a verify pass snapshots do not cover; owed tokens first if they pile up."""
@@ -217,8 +222,7 @@ class Context:
     LONG_PASS = 32  # passes over more tokens than this count as prompt evaluation
 
     def set_threads(self, n: int) -> None:
-        """Threads for decoding and short (verification) passes from now on; long passes keep `threads_batch`
-        (a big batch amortizes the barriers that stall decoding under load: docs/BENCHMARKS.md)."""
+        """Threads for decoding and short passes from now on; long ones keep `threads_batch` (docs/BENCHMARKS.md)."""
         self.threads = n
         self._batch_now = -1  # re-applied at the next pass
 
@@ -229,8 +233,7 @@ class Context:
             self._batch_now = want
 
     def truncate(self, n: int, seq: int = 0) -> None:
-        """Drop the sequence's cached positions >= n (the rejected tail of a draft): cells dropped, or a
-        recurrent state rolled back by snapshot, or by checkpoint and replay (rollback.py)."""
+        """Drop cached positions >= n (a rejected draft): cells, or a state by snapshot or checkpoint (rollback.py)."""
         with self.lock:
             toks, owed = self.seq_tokens[seq], self._owed[seq]
             if n >= len(toks):
@@ -260,8 +263,8 @@ class Context:
         return self.rollback == SNAPSHOT and 0 < back <= min(self.n_rs, pass_len - 1)
 
     def _roll_back(self, n: int, seq: int) -> int:
-        """A recurrent sequence back to n tokens: its latest checkpoint at or before n, the tokens after it owed;
-        with none, the whole kept text evaluated (the last resort, counted). Returns how many go in again."""
+        """A recurrent sequence back to n tokens: its latest checkpoint at or before n, the tokens after it owed
+        (with none, the whole kept text evaluated: the last resort, counted). Returns how many go in again."""
         toks, self._owed[seq] = self.seq_tokens[seq], []  # what was owed is in `keep` again
         keep, best = toks[:n], self.seq_ckpts[seq].best(n)
         if best is not None and rollback.load_state(self.L, self.ptr, seq, best[1]) \
@@ -314,10 +317,9 @@ class Context:
         return sync_cache(self, tokens, should_stop, step, background)
 
     def copy_prefix(self, src: int, dst: int, tokens: list[int]) -> int:
-        """Make sequence `dst` hold the longest prefix of `tokens` that sequence `src` holds, sharing its
-        cells (in a unified cache a copy costs no memory and no time). Returns that prefix's length.
-        A recurrent state is never shared (llama.cpp would hand `dst` the whole of `src`'s): `dst` gets
-        the attention cells up to one of `src`'s checkpoints and that checkpoint's state as its own."""
+        """Sequence `dst` made to hold the longest prefix of `tokens` that `src` holds, sharing its cells (free in a
+        unified cache); returns its length. A recurrent state is never shared (llama.cpp would hand `dst` all of
+        `src`'s): `dst` gets the cells up to one of `src`'s checkpoints and a copy of that checkpoint's state."""
         with self.lock:
             self._settle(src)
             n = common_prefix(self.seq_tokens[src], tokens)
@@ -355,9 +357,8 @@ class Context:
 
     def restore(self, state, tokens: list[int], seq: int = 0, cuts: Cuts | None = None,
                 ckpts: Checkpoints | None = None) -> bool:
-        """Put back a snapshot taken when a sequence held `tokens` (its rows computed as `cuts` says; unknown:
-        a prompt reuses none of them until cut as its own; a recurrent model's checkpoints with it, to roll
-        back into it); False (sequence emptied) if it does not fit."""
+        """Put back a snapshot taken when a sequence held `tokens` (rows computed as `cuts` says; unknown: none reused
+        until cut as a prompt's own; a recurrent model's checkpoints with it); False (emptied) if it does not fit."""
         L = self.L
         with self.lock:
             L.llama_memory_seq_rm(self.mem, seq, -1, -1)

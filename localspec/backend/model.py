@@ -64,6 +64,8 @@ class Model:
             params.load_mode = 1 if mmap else 0
         elif hasattr(params, "use_mmap"):
             params.use_mmap = mmap
+        if hasattr(params, "load_mtp"):  # a file's NextN (MTP) blocks, when it has any: its own drafter
+            params.load_mtp = True
         if rpc_servers:
             add_rpc_servers(rpc_servers)
         if not repack or amx_kernel_avoided():  # AMX: its kernel would crash here (machine.py)

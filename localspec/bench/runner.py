@@ -20,7 +20,7 @@ import statistics
 from dataclasses import dataclass
 
 from ..chat_format import Message
-from ..config import GenConfig
+from ..config import DRAFTERS, GenConfig
 from ..costs.costmodel import CostProfile
 from ..errors import ConfigError
 from ..fim.layout import fim_stop_tokens, infill_tokens
@@ -29,7 +29,6 @@ from .summary import summarize_workload
 from .workloads import Prompt
 
 SPECS = ("on", "auto")
-DRAFTERS = ("model", "ngram", "hybrid")
 
 
 @dataclass(frozen=True)

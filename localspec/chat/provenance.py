@@ -1,7 +1,7 @@
 """Which source each piece of a reply came from, as the history stores it.
 
 In memory a reply's provenance is a list of runs `(text, source)` in the order they were
-confirmed (source: "model" | "ngram" for accepted drafts, "target" for the target's own tokens).
+confirmed (source: "model" | "ngram" | "mtp" for accepted drafts, "target" for the target's own tokens).
 Stored, it is compact JSON `[[source, text], ...]` with consecutive runs of one source joined.
 This module is the one place that converts between the two."""
 

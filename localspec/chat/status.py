@@ -19,7 +19,7 @@ TARGET_STYLE = "#ffaf00"  # tokens the target produced itself (corrections and b
 
 
 def is_draft(source: str | None) -> bool:
-    return source in ("model", "ngram")
+    return source in ("model", "ngram", "mtp")
 
 
 @dataclass

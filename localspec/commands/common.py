@@ -7,7 +7,7 @@ import math
 import os
 import sys
 
-from ..config import GenConfig, default_threads
+from ..config import DRAFTERS, GenConfig, default_threads
 from ..errors import ConfigError
 from ..session import GenChoice, ModelChoice
 
@@ -61,8 +61,8 @@ def add_gen_args(p: argparse.ArgumentParser, unlimited: bool = False) -> None:
     g.add_argument("--spec", choices=["on", "off", "auto"], default=None,
                    help="speculation: auto drafts only when the measured costs say it pays (default auto)")
     g.add_argument("--no-spec", action="store_true", help="plain target-only decoding (same as --spec off)")
-    g.add_argument("--drafter", choices=["model", "ngram", "hybrid"], default=None,
-                   help="model, n-gram prompt lookup, or hybrid (default hybrid)")
+    g.add_argument("--drafter", choices=DRAFTERS, default=None,
+                   help="model, n-gram prompt lookup, hybrid (default), or mtp (the target's own NextN blocks)")
     g.add_argument("--p-min", type=unit_float, default=None, help="stop drafting below this draft probability")
 
 

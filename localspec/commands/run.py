@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import sys
 
+from ..config import DRAFTERS
 from ..costs import idle
 from ..costs.threads import quiet_watch
 from ..errors import ConfigError, LocalspecError
@@ -30,7 +31,7 @@ def register(sub) -> None:
     add_model_args(v)
     v.add_argument("-k", "--draft-max", type=pos_int, default=4)
     v.add_argument("-n", "--max-tokens", type=pos_int, default=64)
-    v.add_argument("--drafter", choices=["model", "ngram", "hybrid"], default=None)
+    v.add_argument("--drafter", choices=DRAFTERS, default=None)
     v.add_argument("--json", action="store_true")
     v.add_argument("--against", metavar="REPORT.json",
                    help="also compare with another build's `verify --json` report (a CPU build vs a GPU "

@@ -6,6 +6,8 @@
   evaluated in the first round that drafts with the model, not before.
 - `NgramDrafter` (prompt lookup, ngram.py): what followed the latest earlier occurrence of the last tokens.
 - `HybridDrafter`: the n-gram proposal when its match is long enough to trust, the model otherwise.
+- `MtpDrafter`: the target's own NextN (MTP) blocks (backend/mtp.py), caught up with the confirmed text
+  beside the target's hidden states, drafting from the pending token.
 
 Each proposes a `Draft` (draft.py).
 """
@@ -90,6 +92,45 @@ class DraftModel:
         return draft
 
 
+class MtpDrafter:
+    name = "mtp"
+
+    def __init__(self, head, cfg: GenConfig, rng: np.random.Generator):
+        self.head, self.cfg, self.rng = head, cfg, rng
+
+    def begin(self, seq: list[int], prediction: list[int] | None = None) -> None:
+        pass  # the head catches up in its first round, from the hidden states the prompt's passes kept
+
+    def propose(self, seq: list[int], room: int, policy) -> Draft:
+        cfg, head = self.cfg, self.head
+        k = policy.k_for(self.name, min(cfg.draft_max, room))
+        draft = Draft(source=self.name)
+        if k == 0:
+            return draft
+        pending = len(seq) - 1  # its position; the head reads it beside the target's state before it
+        head.sync(seq[:pending])
+        token, h = seq[-1], head.hidden.rows[head.seq][pending - 1]
+        for i in range(k):
+            logits, h = head.step(token, pending + i, h)
+            if i == 0:
+                head.tokens.append(seq[-1])  # its row stays valid; the drafted ones go at the next sync
+            token, q = _pick(logits, cfg, self.rng)
+            if token is None:
+                break
+            draft.tokens.append(token)
+            draft.probs.append(q)
+        return draft
+
+
+def _pick(logits: np.ndarray, cfg: GenConfig, rng) -> tuple[int | None, np.ndarray | None]:
+    """The drafted token and the distribution it was drawn from (None: greedy); None when the head's
+    confidence is under p_min."""
+    if cfg.temperature <= 0:
+        return (None, None) if cfg.p_min > 0 and _top_prob(logits) < cfg.p_min else (int(logits.argmax()), None)
+    q = logits_to_probs(logits, cfg)
+    return (None, None) if cfg.p_min > 0 and q.max() < cfg.p_min else (sample(q, rng), q)
+
+
 LONG_CATCH_UP = 64  # tokens the draft's cache catches up with that make a prompt's evaluation, not a round's
 
 
@@ -141,9 +182,10 @@ class DraftFloor:
         return d
 
 
-def assemble_drafter(cfg: GenConfig, model: DraftModel | None, ngram: NgramDrafter, recall: bool):
-    """The drafter a generation's settings ask for, from a lane's model draft (None without a draft model)
-    and n-gram drafter; `recall`: the n-gram drafter may draft from other requests' text."""
+def assemble_drafter(cfg: GenConfig, model: DraftModel | None, ngram: NgramDrafter, recall: bool,
+                     mtp: MtpDrafter | None = None):
+    """The drafter a generation's settings ask for, from a lane's model draft (None without a draft model),
+    n-gram drafter and NextN drafter (None: the target has no head); `recall`: n-grams from other requests'."""
     ngram.n_min, ngram.n_max = cfg.ngram_min, cfg.ngram_max
     ngram.recall = recall
     ngram.k_max = cfg.ngram_draft_max if cfg.spec == "auto" else cfg.draft_max
@@ -155,6 +197,11 @@ def assemble_drafter(cfg: GenConfig, model: DraftModel | None, ngram: NgramDraft
         drafter = ngram
     elif cfg.drafter == "hybrid":
         drafter = HybridDrafter(ngram, model)
+    elif cfg.drafter == "mtp":
+        if mtp is None:
+            raise ConfigError("--drafter mtp needs a target with NextN (MTP) blocks, served by one lane; "
+                              "`localspec check MODEL` says whether it has them")
+        drafter = mtp
     else:
-        raise ConfigError(f"unknown drafter {cfg.drafter!r}; use model, ngram or hybrid")
+        raise ConfigError(f"unknown drafter {cfg.drafter!r}; use model, ngram, hybrid or mtp")
     return DraftFloor(drafter, cfg.draft_min) if cfg.draft_min > 1 else drafter

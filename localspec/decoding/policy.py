@@ -121,6 +121,8 @@ class AdaptivePolicy:
         held: how long an n-gram proposal's copy has held, before an edit it resumes after included."""
         if source == "ngram" and max(match_len, held) < self.min_match and origin != "prediction":
             return 0  # kept as the shadow: its acceptance is still learnt
+        if source == "mtp":
+            return 0  # a NextN head's cost is not measured yet: --spec on drafts with it
         a = self.estimate(_bucket(source, match_len, origin, resync))
         rows, others, newcomer = self.load() if self.load is not None else (0, 0, False)
         if newcomer:  # a newer request's first steps go at single-token speed: no drafts meanwhile

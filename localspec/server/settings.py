@@ -8,13 +8,12 @@ import math
 import re
 from dataclasses import dataclass, field, replace
 
-from ..config import GenConfig
+from ..config import DRAFTERS, GenConfig
 from ..errors import LocalspecError
 from ..serving.job import BiasItem, JobOptions
 from .apierrors import ApiError
 
 SPEC_MODES = ("on", "off", "auto")
-DRAFTERS = ("model", "ngram", "hybrid")
 LOCALSPEC_FIELDS = ("spec", "drafter", "speculative", "exact")  # localspec's own request fields, on every protocol
 
 

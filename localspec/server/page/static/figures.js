@@ -9,7 +9,7 @@ export function figures(st) {
   if (st.drafted) {
     parts.push(`drafted ${st.drafted}, accepted ${st.accepted} (${Math.round((100 * st.accepted) / st.drafted)}%)`);
     const by = st.tokens_by_source || {};
-    const from = [["model", "draft model"], ["ngram", "n-gram or prediction"], ["target", "target"]]
+    const from = [["model", "draft model"], ["ngram", "n-gram or prediction"], ["mtp", "NextN head"], ["target", "target"]]
       .filter(([k]) => by[k]).map(([k, name]) => `${by[k]} ${name}`);
     if (from.length) parts.push("from " + from.join(", "));
   } else {

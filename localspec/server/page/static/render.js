@@ -11,7 +11,7 @@ const PURIFY = {
     "input", "button", "textarea", "select", "link", "meta", "base", "svg", "math"],
   FORBID_ATTR: ["style", "srcset", "action", "formaction"],
 };
-const SOURCES = { model: "src-model", ngram: "src-ngram" }; // the target's own tokens stay untinted
+const SOURCES = { model: "src-model", ngram: "src-ngram", mtp: "src-mtp" }; // the target's own tokens stay untinted
 const SEARCH = 400; // how far ahead a rendered character is looked for in the reply's text
 const ENTITIES = { "&": "&amp;", "<": "&lt;", ">": "&gt;", '"': "&quot;", "'": "&#39;" };
 const escapeHtml = (s) => s.replace(/[&<>"']/g, (c) => ENTITIES[c]);

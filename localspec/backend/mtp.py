@@ -1,0 +1,165 @@
+"""A target's own NextN (multi-token-prediction) blocks as a drafter, through llama.cpp's MTP context.
+
+The target's passes keep each row's final hidden state (`HiddenRows`, filled by `Context.decode_parts`); the
+head (`MtpHead`) is a second context on the same weights (`LLAMA_CONTEXT_TYPE_MTP`, `ctx_other` = the target)
+that reads each token beside the target's hidden state of the position before it, and drafts by feeding its
+own hidden state back, as llama-server's `draft-mtp` does (common/speculative.cpp).
+
+Four staging functions it needs are exported by libllama only under C++-mangled names in the llama.cpp the
+project pins (src/llama-ext.h). `staging()` finds them by those names, only for that version of
+llama-cpp-python, and checks they are there before anything calls them; elsewhere a head is refused with one
+line, never called at a guessed address.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+from types import SimpleNamespace
+
+import numpy as np
+
+from ..errors import ConfigError
+
+PINNED = "0.3.36"  # the llama-cpp-python whose libllama exports the names below
+_MANGLED = {
+    "set_embeddings_nextn": ("_Z26llama_set_embeddings_nextnP13llama_contextbb", None,
+                             [ctypes.c_void_p, ctypes.c_bool, ctypes.c_bool]),
+    "embeddings_nextn": ("_Z26llama_get_embeddings_nextnP13llama_context", ctypes.POINTER(ctypes.c_float),
+                         [ctypes.c_void_p]),
+    "embeddings_nextn_ith": ("_Z30llama_get_embeddings_nextn_ithP13llama_contexti", ctypes.POINTER(ctypes.c_float),
+                             [ctypes.c_void_p, ctypes.c_int]),
+}
+MTP_CONTEXT = 1  # LLAMA_CONTEXT_TYPE_MTP
+PROCESS_DECODE = 1  # LLAMA_PROCESS_TYPE_DECODE
+_staging: SimpleNamespace | str | None = None
+
+
+def staging(L) -> SimpleNamespace:
+    """The staging functions, found once; ConfigError with the reason where they cannot be used."""
+    global _staging
+    if _staging is None:
+        _staging = _find(L)
+    if isinstance(_staging, str):
+        raise ConfigError(_staging)
+    return _staging
+
+
+def _find(L) -> SimpleNamespace | str:
+    """L: the llama_cpp package (backend.model.llama)."""
+    if L.__version__ != PINNED:
+        return (f"NextN (MTP) drafting needs llama-cpp-python {PINNED} (this is {L.__version__}): its "
+                "staging functions have no stable name; use --drafter model or ngram")
+    try:
+        lib = ctypes.CDLL(os.path.join(os.path.dirname(L.__file__), "lib", "libllama.so"))
+        found = {}
+        for name, (symbol, restype, argtypes) in _MANGLED.items():
+            fn = lib[symbol]
+            fn.restype, fn.argtypes = restype, argtypes
+            found[name] = fn
+    except (OSError, AttributeError) as e:
+        return f"this llama.cpp build lacks the NextN (MTP) staging functions ({e}); use --drafter model or ngram"
+    if not all(hasattr(L, n) for n in ("llama_process", "llama_batch_ext_init", "llama_batch_ext_set_embd_token")):
+        return "this llama-cpp-python has no llama_batch_ext API for NextN (MTP) drafting; use --drafter model or ngram"
+    return SimpleNamespace(**found)
+
+
+def nextn_layers(L, model_ptr) -> int:
+    return int(L.llama_model_n_layer_nextn(model_ptr)) if hasattr(L, "llama_model_n_layer_nextn") else 0
+
+
+def attach(target) -> "HiddenRows | None":
+    """Hidden states kept from every pass of `target` (a Context) when its model carries NextN blocks this
+    llama.cpp can drive; None otherwise (nothing changes for other models)."""
+    if target.n_seq > 1 or not nextn_layers(target.L, target.model.ptr):
+        return None
+    try:
+        staging(target.L)
+    except ConfigError:
+        return None  # said when a request asks for the head (`--drafter mtp`)
+    n_embd = int(target.L.llama_model_n_embd_out(target.model.ptr))
+    return HiddenRows(target.L, target.ptr, target.n_ctx, n_embd, target.n_seq)
+
+
+class HiddenRows:
+    """The target's final hidden state at each position of each sequence, as its passes computed them."""
+
+    def __init__(self, L, ctx_ptr, n_ctx: int, n_embd: int, n_seq: int):
+        self.api = staging(L)
+        self.api.set_embeddings_nextn(ctx_ptr, True, False)  # every row, not only those with logits
+        self.ctx_ptr, self.n_embd = ctx_ptr, n_embd
+        self.rows = [np.zeros((n_ctx, n_embd), np.float32) for _ in range(n_seq)]
+
+    def keep(self, spans: list[tuple[int, int, int]], n_tokens: int) -> None:
+        """After a pass of n_tokens: spans (seq, first position, tokens), in batch order."""
+        every = np.ctypeslib.as_array(self.api.embeddings_nextn(self.ctx_ptr), (n_tokens, self.n_embd))
+        at = 0
+        for seq, pos, n in spans:
+            self.rows[seq][pos:pos + n] = every[at:at + n]
+            at += n
+
+
+class MtpHead:
+    """The NextN blocks of `target`'s model drafting for sequence `seq`; `tokens`: what its cache holds."""
+
+    def __init__(self, target, hidden: HiddenRows, seq: int = 0):
+        L, self.L, self.target, self.hidden, self.seq = target.L, target.L, target, hidden, seq
+        self.api = staging(L)
+        cp = L.llama_context_default_params()
+        cp.n_ctx = cp.n_batch = cp.n_ubatch = target.n_ctx
+        cp.n_threads = cp.n_threads_batch = L.llama_n_threads(target.ptr)
+        cp.ctx_type, cp.n_rs_seq, cp.ctx_other = MTP_CONTEXT, 0, target.ptr
+        cp.no_perf = True
+        self.ptr = L.llama_init_from_model(target.model.ptr, cp)
+        if not self.ptr:
+            raise ConfigError(f"llama.cpp could not make a NextN (MTP) context for {target.model.path.name}")
+        self.api.set_embeddings_nextn(self.ptr, True, True)
+        self.batch = L.llama_batch_ext_init(self.ptr)
+        self.mem = L.llama_get_memory(self.ptr)
+        self.n_embd, self.n_vocab = hidden.n_embd, target.n_vocab
+        self.tokens: list[int] = []
+
+    def sync(self, text: list[int]) -> None:
+        """Its cache holds `text` (the confirmed tokens before the pending one), each beside the target's
+        hidden state of the position before it."""
+        keep = 0
+        while keep < min(len(self.tokens), len(text)) and self.tokens[keep] == text[keep]:
+            keep += 1
+        self.L.llama_memory_seq_rm(self.mem, self.seq, keep, -1)
+        self.tokens = self.tokens[:keep]
+        rows = self.hidden.rows[self.seq]
+        zero = np.zeros(self.n_embd, np.float32)
+        for start in range(keep, len(text), self.target.n_batch):
+            part = text[start:start + self.target.n_batch]
+            self._process(part, start, [rows[p - 1] if p > 0 else zero for p in range(start, start + len(part))])
+            self.tokens.extend(part)
+
+    def step(self, token: int, pos: int, h: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """One drafted position: the head's logits for the token after `token` and its own hidden state."""
+        self._process([token], pos, [h], last=True)
+        logits = np.ctypeslib.as_array(self.L.llama_get_logits_ith(self.ptr, 0), (self.n_vocab,)).copy()
+        out = np.ctypeslib.as_array(self.api.embeddings_nextn_ith(self.ptr, 0), (self.n_embd,)).copy()
+        return logits, out
+
+    def _process(self, tokens: list[int], pos0: int, hs: list[np.ndarray], last: bool = False) -> None:
+        L, b = self.L, self.batch
+        L.llama_batch_ext_clear(b)
+        held = np.ascontiguousarray(np.stack(hs), dtype=np.float32)  # alive until llama_process returns
+        pos = (ctypes.c_int * 4)()
+        for i, t in enumerate(tokens):
+            idx = L.llama_batch_ext_add_token(b, self.seq, t)
+            pos[0] = pos0 + i
+            L.llama_batch_ext_set_pos(b, idx, pos)
+            row = held[i].ctypes.data_as(ctypes.POINTER(ctypes.c_float))
+            L.llama_batch_ext_set_embd_token(b, idx, L.llama_embd(row, 1, self.n_embd))
+            if last and i == len(tokens) - 1:
+                L.llama_batch_ext_set_output_logits(b, idx, True)
+        rc = L.llama_process(self.ptr, PROCESS_DECODE, b)
+        if rc != 0:
+            raise ConfigError(f"the NextN (MTP) head failed (llama_process {rc})")
+
+    def close(self) -> None:
+        if self.ptr:
+            self.L.llama_batch_ext_free(self.batch)
+            self.L.llama_free(self.ptr)
+            self.ptr = None
