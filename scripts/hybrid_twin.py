@@ -2,18 +2,19 @@
 weights, quantized to Q4_K_M. Pass costs, rollback costs and a conversation's turn latency depend on the
 shapes alone, so a twin measures them where the release cannot be downloaded; its text is noise.
 
-  scripts/hybrid-twin OUT.gguf [--model qwen3.5-0.8b] [--perturbed DRAFT.gguf]
+  scripts/hybrid-twin OUT.gguf [--model qwen3.5-0.8b] [--perturbed DRAFT.gguf] [--nextn 1]
 
---perturbed also writes the same weights plus noise (a draft that agrees with the twin part of the time).
+--perturbed also writes the same weights plus noise (a draft that agrees with the twin part of the time);
+--nextn adds that many NextN (MTP) blocks, as the released files carry one.
 The sizes are those of the model's published config.json (hidden size, layers, heads, linear-attention
 heads, every fourth layer full attention).
 """
-import argparse  # noqa: E402
+import argparse
 import sys
-import tempfile  # noqa: E402
+import tempfile
 from pathlib import Path
 
-from harness.tinyarch import build_tiny_arch  # noqa: E402
+from harness.tinyarch import build_tiny_arch
 
 MODELS = {  # config.json: hidden_size, num_hidden_layers, intermediate_size, num_attention_heads,
     # num_key_value_heads, head_dim (partial_rotary_factor 0.25), linear_num_key_heads, linear_num_value_heads,
@@ -40,6 +41,7 @@ def main() -> int:
     ap.add_argument("out", type=Path)
     ap.add_argument("--model", default="qwen3.5-0.8b", choices=sorted(MODELS))
     ap.add_argument("--perturbed", type=Path, help="also write a perturbed copy (a draft) here")
+    ap.add_argument("--nextn", type=int, default=0, help="NextN (MTP) blocks after the main layers")
     a = ap.parse_args()
     dims = {**MODELS[a.model], "file_type": 1}  # F16 tensors, then Q4_K_M
     with tempfile.TemporaryDirectory(dir=a.out.parent) as tmp:
@@ -47,7 +49,7 @@ def main() -> int:
             if out is None:
                 continue
             f16 = Path(tmp) / "twin-f16.gguf"
-            build_tiny_arch(f16, "qwen35", perturb=perturb, dims=dims)
+            build_tiny_arch(f16, "qwen35", perturb=perturb, dims=dims, nextn=a.nextn)
             quantize(f16, out)
             f16.unlink()
             print(out)
