@@ -149,8 +149,8 @@ def format_check(result) -> str:
     lines += [f"{side} rollback: {archs.describe(s.rollback)} (docs/RECURRENT.md)"
               for side, s in (("target", t), ("draft", d)) if s is not None and s.rollback != archs.PARTIAL]
     if t.draft_head == "nextn":
-        lines.append(f"target draft head: {t.nextn_layers} NextN (MTP) block(s) in the file; llama-server drafts with "
-                     "them (--spec-type draft-mtp), localspec does not yet (a draft model or n-grams draft instead)")
+        lines.append(f"target draft head: {t.nextn_layers} NextN (MTP) block(s) in the file: `--drafter mtp --spec on` "
+                     "drafts with them (as llama-server's --spec-type draft-mtp; --spec auto does not price them yet)")
     if result.suggested_drafts and not result.compatible:
         lines.append("drafts known for this target in models.yaml:")
         lines += [f"  {s['draft']}  (pair {s['pair']})" for s in result.suggested_drafts]

@@ -115,7 +115,7 @@ def test_check_json_incompatible(tiny, cli):
         return {"ref": str(path), "where": str(path), "architecture": "llama", "name": "tiny-llama-seed0-perturb0.0",
                 "basename": None, "file_type": "f16", "vocab_type": "spm", "n_tokens": 334, "bos": 1, "eos": 4,
                 "add_bos": True, "header_bytes": gguf_kv_end(path), "bytes_read": os.path.getsize(path),
-                "rollback": "partial"}
+                "rollback": "partial", "draft_head": None, "nextn_layers": 0}
 
     assert json.loads(out) == {
         "target": side(tiny.target),
