@@ -1,7 +1,5 @@
-"""The speculative engine around the loop (loop.speculative_decode: draft, verify in one pass, accept,
-roll back): `Engine` loads the pair, formats prompts, runs the loop on a `Lane`, turns tokens into text
-and stop reasons, and keeps the `Stats`.
-Nothing here prints: stats are data, the CLI and the chat app decide what to show.
+"""The speculative engine around the loop (loop.speculative_decode): `Engine` loads the pair, formats prompts,
+runs the loop on a `Lane`, turns tokens into text and stop reasons, and keeps the `Stats` (data: it prints nothing).
 """
 
 from __future__ import annotations
@@ -9,6 +7,7 @@ from __future__ import annotations
 import threading
 import time
 from contextlib import contextmanager, nullcontext
+from dataclasses import replace
 from pathlib import Path
 from typing import Callable, Iterator, TypeVar
 
@@ -192,7 +191,8 @@ class Engine:
     def make_drafter(self, cfg: GenConfig, rng, lane: Lane | None = None):
         lane = lane or self.lane
         model = DraftModel(lane.draft, cfg, rng) if self.draft_path else None
-        head = self._head(lane) if cfg.drafter == "mtp" else None
+        # the target's own NextN head: asked for, or in the hybrid's model slot when there is no draft model
+        head = self._head(lane) if cfg.drafter == "mtp" or (cfg.drafter == "hybrid" and not model) else None
         # other requests' text only where it cannot change the answer
         return assemble_drafter(cfg, model, lane.ngram, recall=not self.decides_from_request_alone(cfg),
                                 mtp=MtpDrafter(head, cfg, rng) if head else None)
@@ -279,11 +279,12 @@ class Engine:
         drafter = None if plain else self.make_drafter(cfg, rng, lane)
         if drafter is None:
             return None, FixedK(0)
+        head_s = {"t_draft": self.mtp_head.step_s} if self.mtp_head and not self.draft_path else {}
         if self.decides_from_request_alone(cfg) or self.profile is None:
             # priced alike whatever this machine measured and runs now; or, before it measured anything, drafting
             # only where it pays on any machine of its kind (a long copy, a predicted output)
-            return drafter, make_policy(cfg, self.reference, drafter, min_match=REPEATABLE_MIN_MATCH)
-        costs = self.profile.at_depth(depth)
+            return drafter, make_policy(cfg, replace(self.reference, **head_s), drafter, min_match=REPEATABLE_MIN_MATCH)
+        costs = replace(self.profile.at_depth(depth), **head_s)
         return drafter, make_policy(cfg, costs, drafter, self._others_in_step(lane), miss=_miss_cost(lane, costs))
 
     def _others_in_step(self, lane: Lane):
@@ -358,10 +359,9 @@ class Engine:
 
     def _fill(self, tokens: list[int], stats: Stats, should_stop=None, step: int = BACKGROUND_STEP,
               lane: Lane | None = None, answer: bool = False, repeatable: bool = False) -> np.ndarray | None:
-        """Bring the lane's cache to `tokens`, from the best cached prompt when there is a cache; with
-        `answer`, the logits row of the last token, which went in the prompt's pass. It stops short (no
-        row) when `should_stop` ended it first (asked between slices: a warm-up's slice in flight is
-        finished, since the request that stops it usually needs those very tokens)."""
+        """Bring the lane's cache to `tokens`, from the best cached prompt when there is a cache; with `answer`, the
+        logits row of the last token (in the prompt's pass). It stops short (no row) when `should_stop` ended it
+        first (asked between slices: a warm-up's slice in flight is finished; its request needs those tokens)."""
         target = (lane or self.lane).target
         t0 = time.perf_counter()
         self._restore_saved(tokens, target, stats)

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import ctypes
 import os
+import time
 from types import SimpleNamespace
 
 import numpy as np
@@ -118,6 +119,9 @@ class MtpHead:
         self.mem = L.llama_get_memory(self.ptr)
         self.n_embd, self.n_vocab = hidden.n_embd, target.n_vocab
         self.tokens: list[int] = []
+        self.step_s = 0.0
+        self.step(0, 0, np.zeros(self.n_embd, np.float32))  # one step timed before a policy prices the head
+        L.llama_memory_seq_rm(self.mem, seq, -1, -1)
 
     def sync(self, text: list[int]) -> None:
         """Its cache holds `text` (the confirmed tokens before the pending one), each beside the target's
@@ -135,10 +139,14 @@ class MtpHead:
             self.tokens.extend(part)
 
     def step(self, token: int, pos: int, h: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """One drafted position: the head's logits for the token after `token` and its own hidden state."""
+        """One drafted position: the head's logits for the token after `token` and its own hidden state;
+        `step_s` follows what a step costs (a running average)."""
+        t0 = time.perf_counter()
         self._process([token], pos, [h], last=True)
         logits = np.ctypeslib.as_array(self.L.llama_get_logits_ith(self.ptr, 0), (self.n_vocab,)).copy()
         out = np.ctypeslib.as_array(self.api.embeddings_nextn_ith(self.ptr, 0), (self.n_embd,)).copy()
+        dt = time.perf_counter() - t0
+        self.step_s = dt if not self.step_s else 0.8 * self.step_s + 0.2 * dt
         return logits, out
 
     def _process(self, tokens: list[int], pos0: int, hs: list[np.ndarray], last: bool = False) -> None:

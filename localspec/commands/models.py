@@ -150,7 +150,7 @@ def format_check(result) -> str:
               for side, s in (("target", t), ("draft", d)) if s is not None and s.rollback != archs.PARTIAL]
     if t.draft_head == "nextn":
         lines.append(f"target draft head: {t.nextn_layers} NextN (MTP) block(s) in the file: `--drafter mtp --spec on` "
-                     "drafts with them (as llama-server's --spec-type draft-mtp; --spec auto does not price them yet)")
+                     "drafts with them (as llama-server's --spec-type draft-mtp; auto prices them, hybrid uses them without --draft)")
     if result.suggested_drafts and not result.compatible:
         lines.append("drafts known for this target in models.yaml:")
         lines += [f"  {s['draft']}  (pair {s['pair']})" for s in result.suggested_drafts]

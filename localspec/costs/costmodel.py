@@ -88,9 +88,13 @@ class CostProfile:
             return 0.0
         return n_tokens * self.t_verify[-1] / len(self.t_verify) * self.t_draft / self.t_decode
 
+    def draft_cost(self, source: str, k: int) -> float:
+        """Seconds to draft k tokens: a step of the draft model or the NextN head each (`t_draft`: the
+        engine puts the head's in for a run that drafts with it), an n-gram lookup once."""
+        return 0.0 if k == 0 else k * (self.t_draft or 0.0) if source in ("model", "mtp") else self.t_ngram
+
     def round_cost(self, source: str, k: int) -> float:
-        draft = 0.0 if k == 0 else k * (self.t_draft or 0.0) if source == "model" else self.t_ngram
-        return draft + self.verify(k + 1)
+        return self.draft_cost(source, k) + self.verify(k + 1)
 
     def relative_verify(self) -> list[float]:
         return [t / self.t_decode for t in self.t_verify]
@@ -177,12 +181,10 @@ def best_k_shared(alpha: float | list[float], k_max: int, costs: CostProfile, so
     (others + 1) / T(rows + 1). Alone (rows 0) this is best_k."""
     if rows <= 0:
         return best_k(alpha, k_max, costs, source, t_miss)
-    def draft(k: int) -> float:
-        return 0.0 if k == 0 else k * (costs.t_draft or 0.0) if source == "model" else costs.t_ngram
     plain = (others + 1) / costs.verify(rows + 1)
     best, best_rate = 0, plain
     for k in range(1, k_max + 1):
-        rate = (others + expected_tokens(alpha, k)) / (draft(k) + costs.verify(rows + k + 1)
+        rate = (others + expected_tokens(alpha, k)) / (costs.draft_cost(source, k) + costs.verify(rows + k + 1)
                                                        + miss_chance(alpha, k) * t_miss)
         if rate > best_rate:
             best, best_rate = k, rate

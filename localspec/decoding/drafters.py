@@ -195,8 +195,8 @@ def assemble_drafter(cfg: GenConfig, model: DraftModel | None, ngram: NgramDraft
         drafter = model
     elif cfg.drafter == "ngram":
         drafter = ngram
-    elif cfg.drafter == "hybrid":
-        drafter = HybridDrafter(ngram, model)
+    elif cfg.drafter == "hybrid":  # the target's own head takes the model's place when there is no draft model
+        drafter = HybridDrafter(ngram, model or mtp)
     elif cfg.drafter == "mtp":
         if mtp is None:
             raise ConfigError("--drafter mtp needs a target with NextN (MTP) blocks, served by one lane; "

@@ -70,8 +70,8 @@ class AdaptivePolicy:
     # right one earns long drafts within a few rounds (its unverified proposals are scored too). An n-gram
     # starts low: chat answers' n-grams rarely hold, and a higher prior drafted more than twice as many
     # tokens for the same kept ones, while a copy's shadow proposals earn its drafts within a few rounds
-    # (docs/benchmarks/log-2026-11.md, "A second CPU")
-    PRIOR = {"model": 0.7, "ngram": 0.35, "prediction": 0.75, "resync": 0.75}
+    # (docs/benchmarks/log-2026-11.md, "A second CPU"). A NextN head starts as a draft model does.
+    PRIOR = {"model": 0.7, "mtp": 0.7, "ngram": 0.35, "prediction": 0.75, "resync": 0.75}
     # Acceptance is a count of outcomes, hits and misses, older ones fading (DECAY per new outcome:
     # about the last 100 tokens count), started from PRIOR_WEIGHT pseudo-outcomes at the prior. A running
     # average read a copy that held for a while as near-certain and drafted far into the next edit; counts
@@ -121,8 +121,6 @@ class AdaptivePolicy:
         held: how long an n-gram proposal's copy has held, before an edit it resumes after included."""
         if source == "ngram" and max(match_len, held) < self.min_match and origin != "prediction":
             return 0  # kept as the shadow: its acceptance is still learnt
-        if source == "mtp":
-            return 0  # a NextN head's cost is not measured yet: --spec on drafts with it
         a = self.estimate(_bucket(source, match_len, origin, resync))
         rows, others, newcomer = self.load() if self.load is not None else (0, 0, False)
         if newcomer:  # a newer request's first steps go at single-token speed: no drafts meanwhile

@@ -58,3 +58,17 @@ def test_a_target_without_a_head_is_refused_in_one_line(tiny, tmp_path):
     r = invoke("run", "--target", str(tiny.target), "--threads", str(THREADS), "-c", "256", "-n", "4",
                "--spec", "on", "--drafter", "mtp", "hello", home=tmp_path)
     assert r.code != 0 and "needs a target with NextN (MTP) blocks" in r.err and "Traceback" not in r.err
+
+
+def test_auto_prices_the_head_by_its_measured_step_and_hybrid_takes_it_in_the_models_place(nextn):
+    from localspec.decoding.drafters import HybridDrafter, MtpDrafter
+
+    prompt = nextn.prompt_tokens(PROMPTS[2], raw=True)
+    plain, _, _ = run(nextn, prompt, greedy(spec="off", max_tokens=24))
+    for drafter in ("mtp", "hybrid"):
+        tokens, _, st = run(nextn, prompt, greedy(spec="auto", drafter=drafter, max_tokens=24))
+        assert tokens == plain and st.spec_mode == "auto"
+    assert nextn.mtp_head.step_s > 0  # timed before the first round, then followed
+    import numpy as np
+    hybrid = nextn.make_drafter(greedy(spec="auto", drafter="hybrid"), np.random.default_rng(0))
+    assert isinstance(hybrid, HybridDrafter) and isinstance(hybrid.model, MtpDrafter)
