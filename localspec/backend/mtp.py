@@ -88,14 +88,18 @@ class HiddenRows:
     def __init__(self, L, ctx_ptr, n_ctx: int, n_embd: int, n_seq: int):
         self.api = staging(L)
         self.api.set_embeddings_nextn(ctx_ptr, True, False)  # every row, not only those with logits
-        self.ctx_ptr, self.n_embd = ctx_ptr, n_embd
-        self.rows = [np.zeros((n_ctx, n_embd), np.float32) for _ in range(n_seq)]
+        self.ctx_ptr, self.n_embd, self.n_ctx = ctx_ptr, n_embd, n_ctx
+        self.rows = [np.zeros((0, n_embd), np.float32) for _ in range(n_seq)]  # grown with the text, not n_ctx
 
     def keep(self, spans: list[tuple[int, int, int]], n_tokens: int) -> None:
         """After a pass of n_tokens: spans (seq, first position, tokens), in batch order."""
         every = np.ctypeslib.as_array(self.api.embeddings_nextn(self.ctx_ptr), (n_tokens, self.n_embd))
         at = 0
         for seq, pos, n in spans:
+            if pos + n > len(self.rows[seq]):
+                grown = np.zeros((min(self.n_ctx, max(pos + n, 2 * len(self.rows[seq]))), self.n_embd), np.float32)
+                grown[:len(self.rows[seq])] = self.rows[seq]
+                self.rows[seq] = grown
             self.rows[seq][pos:pos + n] = every[at:at + n]
             at += n
 

@@ -9,8 +9,8 @@ import json
 import pytest
 from conftest import THREADS, invoke
 
-from harness.tinyarch import build_tiny_arch
-from harness.tinygguf import CHATML, tiny_vocab
+from harness.tinyarch import TINY, _metadata, build_tiny_arch
+from harness.tinygguf import CHATML
 
 
 @pytest.fixture(scope="module")
@@ -23,22 +23,7 @@ def heads(tmp_path_factory):
 
 def _drafter_header(path, arch: str):
     """A drafter file's header (the tests' vocabulary, no weights): what `check` and pairing read."""
-    import gguf
-
-    tokens, scores, types = tiny_vocab()
-    w = gguf.GGUFWriter(str(path), arch)
-    w.add_name(f"tiny-{arch}")
-    w.add_tokenizer_model("llama")
-    w.add_token_list(tokens)
-    w.add_token_scores(scores)
-    w.add_token_types(types)
-    w.add_bos_token_id(1)
-    w.add_eos_token_id(4)
-    w.add_add_bos_token(True)
-    w.add_chat_template(CHATML)
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.close()
+    _metadata(path, arch, CHATML, TINY, f"tiny-{arch}")
     return path
 
 
