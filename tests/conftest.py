@@ -127,31 +127,27 @@ def real_pair(tmp_path_factory):
     return paths
 
 
-@pytest.fixture(scope="module")
-def perturbed(tiny):
+def _engine(target, draft):
     from enginekit import load  # it imports this module's constants
 
-    e = load(tiny.target, tiny.perturbed)
+    e = load(target, draft)
     yield e
     e.close()
+
+
+@pytest.fixture(scope="module")
+def perturbed(tiny):
+    yield from _engine(tiny.target, tiny.perturbed)
 
 
 @pytest.fixture(scope="module")
 def same(tiny):
-    from enginekit import load  # it imports this module's constants
-
-    e = load(tiny.target, tiny.same)
-    yield e
-    e.close()
+    yield from _engine(tiny.target, tiny.same)
 
 
 @pytest.fixture(scope="module")
 def bad(tiny):
-    from enginekit import load  # it imports this module's constants
-
-    e = load(tiny.target, tiny.bad)
-    yield e
-    e.close()
+    yield from _engine(tiny.target, tiny.bad)
 
 
 @pytest.fixture(scope="module")

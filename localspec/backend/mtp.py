@@ -108,7 +108,8 @@ class MtpHead:
     """The NextN blocks of `target`'s model drafting for sequence `seq`; `tokens`: what its cache holds."""
 
     def __init__(self, target, hidden: HiddenRows, seq: int = 0):
-        L, self.L, self.target, self.hidden, self.seq = target.L, target.L, target, hidden, seq
+        L = self.L = target.L
+        self.target, self.hidden, self.seq = target, hidden, seq
         self.api = staging(L)
         cp = L.llama_context_default_params()
         cp.n_ctx = cp.n_batch = cp.n_ubatch = target.n_ctx
