@@ -16,8 +16,9 @@ def default_threads() -> int:
 
 
 # model: a separate draft model; ngram: prompt lookup; hybrid: n-grams when their match is long, the model else;
-# mtp: the target's own NextN (multi-token-prediction) blocks
-DRAFTERS = ("model", "ngram", "hybrid", "mtp")
+# mtp: the target's own NextN (multi-token-prediction) blocks; auto: hybrid with the target's head in the model's
+# place where it has one (the head first, then a draft model, then n-grams: docs/MODELS.md, "Drafters")
+DRAFTERS = ("auto", "model", "ngram", "hybrid", "mtp")
 
 @dataclass
 class GenConfig:
@@ -31,7 +32,7 @@ class GenConfig:
 
     # --- speculation ---
     spec: str = "auto"  # "on" | "off" | "auto" (auto drafts only when the cost model says it pays)
-    drafter: str = "hybrid"  # one of DRAFTERS
+    drafter: str = "auto"  # one of DRAFTERS
     draft_max: int = 4  # k: the most tokens drafted per round (auto may choose fewer, down to 0)
     ngram_draft_max: int = 64  # n-gram drafts cost nothing to make, so auto may verify long ones (-k sets both)
     prediction: str = ""  # the expected output (OpenAI's predicted outputs): an n-gram draft source aligned with the answer

@@ -14,11 +14,10 @@ from typing import Callable, Iterator, TypeVar
 import numpy as np
 
 from .backend import Context, GrammarSampler, Model, exact, fill_to_answer, mtp, system_info
-from .backend.mtp import MtpHead
 from .chat_format import CHATML, Message, chat_text, prompt_tokens
 from .config import GenConfig, LoadConfig
 from .costs.attention import cpu_kernel
-from .costs.costmodel import reference_profile
+from .costs.costmodel import REFERENCE_HEAD_STEP, reference_profile
 from .costs.predictions import estimated_speedup
 from .costs.threads import ThreadGovernor
 from .decoding.constraints import GrammarConstraint, starts_with_grammar
@@ -59,7 +58,7 @@ class Engine:
                               kv_type=exact.KV_TYPE if load.exact else "f16")
         self.target.pad_verify = self.pads_verify(load)
         self.target.hidden = mtp.attach(self.target)  # a NextN head's input kept from every target pass
-        self.mtp_head: MtpHead | None = None
+        self.heads = mtp.Heads(self.target, lambda fn: self.on_decode_thread(fn)) if self.target.hidden else None
         self.reference = reference_profile("gpu" if self.on_gpu(load) else "cpu")  # costmodel.REFERENCE_VERIFY
         self.governor = None
         if load.adapt_threads and load.n_threads > 1:
@@ -190,18 +189,16 @@ class Engine:
     # --- generation -------------------------------------------------------------------------
     def make_drafter(self, cfg: GenConfig, rng, lane: Lane | None = None):
         lane = lane or self.lane
-        model = DraftModel(lane.draft, cfg, rng) if self.draft_path else None
-        # the target's own NextN head: asked for, or in the hybrid's model slot when there is no draft model
-        head = self._head(lane) if cfg.drafter == "mtp" or (cfg.drafter == "hybrid" and not model) else None
+        head = self.heads.lane(lane.seq) if self.drafts_with_head(cfg) else None
+        model = DraftModel(lane.draft, cfg, rng) if self.draft_path and not (head and cfg.drafter == "auto") else None
         # other requests' text only where it cannot change the answer
         return assemble_drafter(cfg, model, lane.ngram, recall=not self.decides_from_request_alone(cfg),
                                 mtp=MtpDrafter(head, cfg, rng) if head else None)
 
-    def _head(self, lane: Lane) -> MtpHead | None:
-        """The target's NextN (MTP) head, made on first use: one lane only (its context holds one sequence)."""
-        if self.mtp_head is None and self.target.hidden is not None and len(self.lanes) == 1:
-            self.mtp_head = MtpHead(self.target, self.target.hidden)
-        return self.mtp_head
+    def drafts_with_head(self, cfg: GenConfig) -> bool:
+        """The target's own NextN head drafts: asked for, auto's first choice, or hybrid's without a draft model."""
+        return self.heads is not None and (cfg.drafter in ("mtp", "auto") or
+                                                   (cfg.drafter == "hybrid" and not self.draft_path))
 
     def generate(self, prompt: list[int], cfg: GenConfig, cancel: Callable[[], bool] | None = None,
                  lane: Lane | None = None, priority: bool = False) -> Iterator[Chunk]:
@@ -279,12 +276,14 @@ class Engine:
         drafter = None if plain else self.make_drafter(cfg, rng, lane)
         if drafter is None:
             return None, FixedK(0)
-        head_s = {"t_draft": self.mtp_head.step_s} if self.mtp_head and not self.draft_path else {}
+        head = self.drafts_with_head(cfg)  # its step priced in the model's place
         if self.decides_from_request_alone(cfg) or self.profile is None:
             # priced alike whatever this machine measured and runs now; or, before it measured anything, drafting
             # only where it pays on any machine of its kind (a long copy, a predicted output)
-            return drafter, make_policy(cfg, replace(self.reference, **head_s), drafter, min_match=REPEATABLE_MIN_MATCH)
-        costs = replace(self.profile.at_depth(depth), **head_s)
+            costs = replace(self.reference, t_draft=REFERENCE_HEAD_STEP) if head else self.reference
+            return drafter, make_policy(cfg, costs, drafter, min_match=REPEATABLE_MIN_MATCH)
+        costs = self.profile.at_depth(depth)
+        costs = replace(costs, t_draft=self.heads.head.step_s) if head else costs
         return drafter, make_policy(cfg, costs, drafter, self._others_in_step(lane), miss=_miss_cost(lane, costs))
 
     def _others_in_step(self, lane: Lane):
@@ -311,8 +310,7 @@ class Engine:
         return None
 
     def _shared_fill(self, lane: Lane, tokens: list[int], should_stop, generates: bool = True):
-        """On a server's lane, a wait for another lane evaluating the same long prefix (serving/engine.py)."""
-        return nullcontext()
+        return nullcontext()  # a server's lane waits for another one evaluating the same long prefix
 
     def _begin_rounds(self, drafter, seq: list[int], cfg: GenConfig, stats: Stats) -> None:
         """The prompt is in the cache: the governor learns this depth's pass costs, the drafter starts
@@ -375,19 +373,17 @@ class Engine:
     def _restore_saved(self, tokens: list[int], target, stats: Stats) -> None:
         """A server's saved prompts (serving/engine.py): the best one restored into `target` first."""
 
-    def _enter(self, lane: Lane, priority: bool, cancel=None) -> None:
-        """A server's lane joins the batch here (serving/engine.py)."""
+    def _enter(self, lane: Lane, priority: bool, cancel=None) -> None:  # a server's lane joins the batch here
         lane.last_used = time.monotonic()
 
     def _leave(self, lane: Lane) -> None:
         lane.last_used = time.monotonic()
 
     def complete(self, prompt: list[int], cfg: GenConfig) -> tuple[str, Stats]:
-        text = "".join(c.text for c in self.generate(prompt, cfg))
-        return text, self.last_stats
+        return "".join(c.text for c in self.generate(prompt, cfg)), self.last_stats
 
     def close(self) -> None:
-        for x in (self.mtp_head, self.target, self.draft_ctx, self.target_model, self.draft_model):
+        for x in (self.heads, self.target, self.draft_ctx, self.target_model, self.draft_model):
             if x is not None:
                 x.close()
 

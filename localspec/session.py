@@ -75,8 +75,11 @@ class Selection:
     draft: str | None
     spec: PairSpec | None  # the named pair's entry; None for explicit --target/--draft files
 
-    def describe(self) -> str:
-        return Path(self.target).name + (f" + draft {Path(self.draft).name}" if self.draft else " (no draft model)")
+    def describe(self, head: bool = False) -> str:
+        """head: the target drafts with its own NextN head (`Engine.heads`)."""
+        if self.draft:
+            return Path(self.target).name + (" with its NextN head" if head else "") + f" + draft {Path(self.draft).name}"
+        return Path(self.target).name + (" (drafts with its NextN head)" if head else " (no draft model)")
 
 
 def select_models(choice: ModelChoice, notify: Notify | None = None) -> Selection:
@@ -331,7 +334,8 @@ class Session:
         """Will generation with these settings draft with the model? (then load it early, in the
         background). Under auto only where the measured costs say a model draft can pay at all."""
         cfg, engine = self.gen, self.engine
-        if engine.draft_path is None or cfg.spec == "off" or cfg.drafter == "ngram":
+        if engine.draft_path is None or cfg.spec == "off" or cfg.drafter == "ngram" or (
+                cfg.drafter == "auto" and engine.drafts_with_head(cfg)):
             return False
         if cfg.spec == "on":
             return True

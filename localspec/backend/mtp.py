@@ -72,7 +72,7 @@ def nextn_layers(L, model_ptr) -> int:
 def attach(target) -> "HiddenRows | None":
     """Hidden states kept from every pass of `target` (a Context) when its model carries NextN blocks this
     llama.cpp can drive; None otherwise (nothing changes for other models)."""
-    if target.n_seq > 1 or not nextn_layers(target.L, target.model.ptr):
+    if not nextn_layers(target.L, target.model.ptr):
         return None
     try:
         staging(target.L)
@@ -105,14 +105,15 @@ class HiddenRows:
 
 
 class MtpHead:
-    """The NextN blocks of `target`'s model drafting for sequence `seq`; `tokens`: what its cache holds."""
+    """The NextN blocks of `target`'s model, one sequence per target sequence; `texts[seq]`: what its cache holds."""
 
-    def __init__(self, target, hidden: HiddenRows, seq: int = 0):
+    def __init__(self, target, hidden: HiddenRows):
         L = self.L = target.L
-        self.target, self.hidden, self.seq = target, hidden, seq
+        self.target, self.hidden = target, hidden
         self.api = staging(L)
         cp = L.llama_context_default_params()
-        cp.n_ctx = cp.n_batch = cp.n_ubatch = target.n_ctx
+        cp.n_ctx, cp.n_batch, cp.n_ubatch = target.n_ctx, target.n_batch, target.n_batch
+        cp.n_seq_max, cp.kv_unified = target.n_seq, target.n_seq > 1  # the target's lanes, its cells shared alike
         cp.n_threads = cp.n_threads_batch = L.llama_n_threads(target.ptr)
         cp.ctx_type, cp.n_rs_seq, cp.ctx_other = MTP_CONTEXT, 0, target.ptr
         cp.no_perf = True
@@ -123,44 +124,45 @@ class MtpHead:
         self.batch = L.llama_batch_ext_init(self.ptr)
         self.mem = L.llama_get_memory(self.ptr)
         self.n_embd, self.n_vocab = hidden.n_embd, target.n_vocab
-        self.tokens: list[int] = []
+        self.texts: list[list[int]] = [[] for _ in range(target.n_seq)]
         self.step_s = 0.0
         self.step(0, 0, np.zeros(self.n_embd, np.float32))  # one step timed before a policy prices the head
-        L.llama_memory_seq_rm(self.mem, seq, -1, -1)
+        L.llama_memory_seq_rm(self.mem, 0, -1, -1)
 
-    def sync(self, text: list[int]) -> None:
-        """Its cache holds `text` (the confirmed tokens before the pending one), each beside the target's
-        hidden state of the position before it."""
+    def sync(self, text: list[int], seq: int = 0) -> None:
+        """Its cache of `seq` holds `text` (the confirmed tokens before the pending one), each beside the
+        target's hidden state of the position before it."""
+        have = self.texts[seq]
         keep = 0
-        while keep < min(len(self.tokens), len(text)) and self.tokens[keep] == text[keep]:
+        while keep < min(len(have), len(text)) and have[keep] == text[keep]:
             keep += 1
-        self.L.llama_memory_seq_rm(self.mem, self.seq, keep, -1)
-        self.tokens = self.tokens[:keep]
-        rows = self.hidden.rows[self.seq]
+        self.L.llama_memory_seq_rm(self.mem, seq, keep, -1)
+        del have[keep:]
+        rows = self.hidden.rows[seq]
         zero = np.zeros(self.n_embd, np.float32)
         for start in range(keep, len(text), self.target.n_batch):
             part = text[start:start + self.target.n_batch]
-            self._process(part, start, [rows[p - 1] if p > 0 else zero for p in range(start, start + len(part))])
-            self.tokens.extend(part)
+            self._process(seq, part, start, [rows[p - 1] if p > 0 else zero for p in range(start, start + len(part))])
+            have.extend(part)
 
-    def step(self, token: int, pos: int, h: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    def step(self, token: int, pos: int, h: np.ndarray, seq: int = 0) -> tuple[np.ndarray, np.ndarray]:
         """One drafted position: the head's logits for the token after `token` and its own hidden state;
         `step_s` follows what a step costs (a running average)."""
         t0 = time.perf_counter()
-        self._process([token], pos, [h], last=True)
+        self._process(seq, [token], pos, [h], last=True)
         logits = np.ctypeslib.as_array(self.L.llama_get_logits_ith(self.ptr, 0), (self.n_vocab,)).copy()
         out = np.ctypeslib.as_array(self.api.embeddings_nextn_ith(self.ptr, 0), (self.n_embd,)).copy()
         dt = time.perf_counter() - t0
         self.step_s = dt if not self.step_s else 0.8 * self.step_s + 0.2 * dt
         return logits, out
 
-    def _process(self, tokens: list[int], pos0: int, hs: list[np.ndarray], last: bool = False) -> None:
+    def _process(self, seq: int, tokens: list[int], pos0: int, hs: list[np.ndarray], last: bool = False) -> None:
         L, b = self.L, self.batch
         L.llama_batch_ext_clear(b)
         held = np.ascontiguousarray(np.stack(hs), dtype=np.float32)  # alive until llama_process returns
         pos = (ctypes.c_int * 4)()
         for i, t in enumerate(tokens):
-            idx = L.llama_batch_ext_add_token(b, self.seq, t)
+            idx = L.llama_batch_ext_add_token(b, seq, t)
             pos[0] = pos0 + i
             L.llama_batch_ext_set_pos(b, idx, pos)
             row = held[i].ctypes.data_as(ctypes.POINTER(ctypes.c_float))
@@ -176,3 +178,46 @@ class MtpHead:
             self.L.llama_batch_ext_free(self.batch)
             self.L.llama_free(self.ptr)
             self.ptr = None
+
+
+class HeadSeq:
+    """One lane's sequence of a head, what `MtpDrafter` drafts with; `run(fn)`: where fn decodes (a
+    server's batch thread: serving/batching.py says why only one thread may)."""
+
+    def __init__(self, head: MtpHead, seq: int, run):
+        self.head, self.seq, self.run = head, seq, run
+        self.hidden = head.hidden
+
+    @property
+    def tokens(self) -> list[int]:
+        return self.head.texts[self.seq]
+
+    @property
+    def step_s(self) -> float:
+        return self.head.step_s
+
+    def sync(self, text: list[int]) -> None:
+        self.run(lambda: self.head.sync(text, self.seq))
+
+    def step(self, token: int, pos: int, h: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        return self.run(lambda: self.head.step(token, pos, h, self.seq))
+
+
+class Heads:
+    """The target's head (`head`), made on first use where passes run (`run`), so that two lanes' first
+    rounds make one; a `HeadSeq` for each lane's sequence."""
+
+    def __init__(self, target, run):
+        self.target, self.run = target, run
+        self.head: MtpHead | None = None
+
+    def lane(self, seq: int) -> HeadSeq:
+        def made() -> MtpHead:
+            if self.head is None:
+                self.head = MtpHead(self.target, self.target.hidden)
+            return self.head
+        return HeadSeq(self.head or self.run(made), seq, self.run)
+
+    def close(self) -> None:
+        if self.head is not None:
+            self.head.close()

@@ -62,7 +62,8 @@ def add_gen_args(p: argparse.ArgumentParser, unlimited: bool = False) -> None:
                    help="speculation: auto drafts only when the measured costs say it pays (default auto)")
     g.add_argument("--no-spec", action="store_true", help="plain target-only decoding (same as --spec off)")
     g.add_argument("--drafter", choices=DRAFTERS, default=None,
-                   help="model, n-gram prompt lookup, hybrid (default), or mtp (the target's own NextN blocks)")
+                   help="auto (default: the target's own NextN head, else the draft model, mixed with n-gram "
+                        "copies), model, ngram (prompt lookup), hybrid (model and n-grams), or mtp (the head alone)")
     g.add_argument("--p-min", type=unit_float, default=None, help="stop drafting below this draft probability")
 
 

@@ -203,6 +203,9 @@ QUICK_SIZES = (1, 2, 4, 8, 16)  # auto's first profile (seconds); longer passes 
 # (engine.py, `Engine.decides_from_request_alone`); where the figures come from: docs/EXACT.md.
 REFERENCE_SIZES = (1, 2, 4, 8, 16, 32, 64)
 REFERENCE_VERIFY = {"cpu": (1.0, 1.8, 2.9, 6.9, 8.3, 13.6, 24.1), "gpu": (1.0, 2.66, 2.84, 3.0, 3.3, 4.0, 5.3)}
+# a NextN head's step in decodes where prices must not depend on this machine's timings (or nothing timed it
+# yet): a 0.8B Qwen3.5 shape twin's, the dearest share of the sizes measured (docs/MODELS.md, "Drafters")
+REFERENCE_HEAD_STEP = 0.25
 
 
 @lru_cache(maxsize=None)

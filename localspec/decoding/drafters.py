@@ -18,7 +18,7 @@ import numpy as np
 
 from ..backend import Context, common_prefix
 from ..backend.rollback import PARTIAL
-from ..config import GenConfig
+from ..config import DRAFTERS, GenConfig
 from ..errors import ConfigError
 from .draft import Draft
 from .ngram import NgramDrafter
@@ -195,13 +195,13 @@ def assemble_drafter(cfg: GenConfig, model: DraftModel | None, ngram: NgramDraft
         drafter = model
     elif cfg.drafter == "ngram":
         drafter = ngram
-    elif cfg.drafter == "hybrid":  # the target's own head takes the model's place when there is no draft model
+    elif cfg.drafter in ("hybrid", "auto"):  # the engine chose which of the model and the head fills the slot
         drafter = HybridDrafter(ngram, model or mtp)
     elif cfg.drafter == "mtp":
         if mtp is None:
-            raise ConfigError("--drafter mtp needs a target with NextN (MTP) blocks, served by one lane; "
+            raise ConfigError("--drafter mtp needs a target with NextN (MTP) blocks; "
                               "`localspec check MODEL` says whether it has them")
         drafter = mtp
     else:
-        raise ConfigError(f"unknown drafter {cfg.drafter!r}; use model, ngram, hybrid or mtp")
+        raise ConfigError(f"unknown drafter {cfg.drafter!r}; use one of {', '.join(DRAFTERS)}")
     return DraftFloor(drafter, cfg.draft_min) if cfg.draft_min > 1 else drafter

@@ -99,7 +99,7 @@ class AdaptivePolicy:
         self.skipped_model = 0
         # can a model draft pay on this machine even when it is right 95% of the time?
         _, self.model_ceiling = best_k(0.95, k_max, costs, "model") if costs.t_draft else (0, 0.0)
-        self.rounds = {"plain": 0, "ngram": 0, "model": 0}
+        self.rounds = {"plain": 0, "ngram": 0, "model": 0, "mtp": 0}
 
     def estimate(self, key: tuple[str, int]) -> float:
         if key not in self.alpha:
@@ -184,7 +184,8 @@ class AdaptivePolicy:
 
     def describe(self) -> str:
         r = self.rounds
-        return (f"auto: {r['plain']} plain, {r['ngram']} n-gram, {r['model']} model rounds; "
+        head = f", {r['mtp']} head" if r["mtp"] else ""
+        return (f"auto: {r['plain']} plain, {r['ngram']} n-gram, {r['model']} model{head} rounds; "
                 f"T_verify/T_decode = {', '.join(f'{x:.2f}' for x in self.costs.relative_verify()[:6])}")
 
 

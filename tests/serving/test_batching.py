@@ -8,6 +8,7 @@ import time
 import numpy as np
 import pytest
 from conftest import THREADS
+from lanekit import assert_plain_or_near_tie, run_together
 
 from localspec.backend import Context, Model, sync_cache
 from localspec.chat_format import Message
@@ -20,7 +21,6 @@ from localspec.serving.caches.promptcache import PromptCache
 from localspec.serving.caches.promptfills import PromptFills
 from localspec.serving.caches.swap import SwapSpace
 from localspec.serving.engine import ServingEngine
-from localspec.verify import first_parting, logit_noise, plain_greedy_with_margins
 
 
 def load(n_parallel: int, n_ctx: int = 2048, flash_attn: str = "on") -> LoadConfig:
@@ -48,43 +48,6 @@ def alone(tiny):
 
 def tokens(e: Engine, text: str) -> list[int]:
     return e.target_model.tokenize(text, add_special=True)
-
-
-def run_together(e: Engine, prompts: list[list[int]], cfg: GenConfig, cancel_after: dict | None = None) -> list:
-    """Each prompt generated on its own lane, all at once; (tokens, stats) per prompt."""
-    out: list = [None] * len(prompts)
-    cancel_after = cancel_after or {}
-
-    def run(i: int) -> None:
-        lane, got = e.lanes[i], []
-        stop = lambda: len(got) >= cancel_after.get(i, 1 << 30)  # noqa: E731
-        for c in e.generate(prompts[i], cfg, cancel=stop, lane=lane):
-            if c.token is not None:
-                got.append(c.token)
-        out[i] = (got, lane.last_stats)
-
-    threads = [threading.Thread(target=run, args=(i,)) for i in range(len(prompts))]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(timeout=120)
-    assert not any(t.is_alive() for t in threads), "a batched generation never finished"
-    return out
-
-
-def assert_plain_or_near_tie(e: Engine, prompts: list[list[int]], outputs: list[list[int]]) -> int:
-    """Each output equals plain greedy decoding of its prompt on `e` (one sequence, one token per pass)
-    or parts from it where plain's top two were within the batched-vs-single noise. Returns partings."""
-    bound = max(2.0 * max(logit_noise(e, p) for p in prompts), 1e-4)
-    e.target.reset()
-    parted = 0
-    for p, toks in zip(prompts, outputs):
-        plain, margins = plain_greedy_with_margins(e, p, len(toks))
-        at = first_parting(plain, toks)
-        if at is not None and at < len(margins):
-            parted += 1
-            assert margins[at] <= bound, (at, margins[at], bound)
-    return parted
 
 
 def test_a_shared_step_gives_each_sequence_its_own_logits_and_rollback_is_per_sequence(tiny):
