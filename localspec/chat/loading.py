@@ -70,7 +70,8 @@ class LoadingEvents:
         e = self.engine
         sel = msg.session.selection
         bits = [f"target {Path(sel.target).name}",
-                f"draft {Path(sel.draft).name}" if sel.draft else "no draft model (n-gram drafts only)",
+                f"draft {Path(sel.draft).name}" if sel.draft else "its NextN head drafts" if getattr(e, "heads", None)
+                else "no draft model (n-gram drafts only)",
                 f"context {e.target.n_ctx}"]
         if e.profile is not None:
             rel = e.profile.relative_verify()

@@ -1,8 +1,10 @@
 """Every model this machine can serve offline, found without loading or downloading anything: the
 pairs in models.yaml and the user's file whose files are present, then each GGUF in the data root's
-models folder that is not already a pair's target, paired with the smallest compatible GGUF there
-that is smaller than it (the headers' vocabularies, as `localspec check` decides), else served with
-n-gram drafting alone. A server without a pair on its command line serves what this lists."""
+models folder that is not already a pair's target: one with its own NextN head drafts with it, another is
+paired with the smallest compatible GGUF there that is smaller than it (the headers' vocabularies, as
+`localspec check` decides), else served with n-gram drafting alone. Drafter files (EAGLE-3, DFlash, Gemma 4
+assistants) are neither served nor paired: localspec does not drive them yet (archs.drafter_refusal).
+A server without a pair on its command line serves what this lists."""
 
 from __future__ import annotations
 
@@ -12,8 +14,9 @@ from pathlib import Path
 from .. import paths
 from ..errors import LocalspecError
 from ..pairing import first_mismatch
-from .check import vocab_info_from_header
-from .gguf_header import GgufHeaderError
+from .archs import DRAFTER_ARCHS, draft_head
+from .check import nextn_layers, vocab_info_from_header
+from .gguf_header import GgufHeaderError, read_header_file
 from .registry import DEFAULT_PAIR, load_registry
 from .resolve import locate
 
@@ -66,10 +69,13 @@ def find_models(models_dir: Path | None = None) -> list[CatalogEntry]:
     entries.sort(key=lambda e: (e.name != DEFAULT_PAIR, e.name))
     lone = sorted(p for p in _gguf_files(models_dir or paths.models_dir()) if p.resolve() not in claimed)
     taken = {a for e in entries for a in e.aliases}
+    kinds = {p: _drafter_kind(p) for p in lone}
+    lone = [p for p in lone if kinds[p] not in DRAFTER_ARCHS]  # a drafter file drafts for a target; it is not one
     for path in lone:
         if path.stem in taken:
             continue
-        draft = _smallest_compatible(path, lone)
+        # its own NextN head drafts for it (`--drafter auto`'s first choice): no draft model beside it
+        draft = None if kinds[path] == "nextn" else _smallest_compatible(path, lone)
         size = path.stat().st_size + (draft.stat().st_size if draft else 0)
         entries.append(CatalogEntry(path.stem, target=path, draft=draft, size=size, aliases={path.stem, path.name}))
     return entries
@@ -80,6 +86,15 @@ def _gguf_files(folder: Path) -> list[Path]:
         return [p for p in folder.iterdir() if p.suffix == ".gguf" and p.is_file()]
     except OSError:
         return []
+
+
+def _drafter_kind(path: Path) -> str | None:
+    """"nextn" (the file carries its own head), a drafter file's architecture, or None (archs.draft_head)."""
+    try:
+        header = read_header_file(path)
+    except (GgufHeaderError, LocalspecError, OSError, ValueError):
+        return None  # the load reports what is wrong with it
+    return draft_head(header.architecture, nextn_layers(header))
 
 
 def _smallest_compatible(target: Path, candidates: list[Path]) -> Path | None:

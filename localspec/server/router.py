@@ -213,7 +213,9 @@ class Router:
                     slot.last_used, slot.unload_when_idle = time.monotonic(), False
                     self.loads += 1
                     self._set_keep_alive(slot, None)
-                    self.recipe.notify(f"ready: {state.model_id} ({state.worker.session.selection.describe()})")
+                    session = state.worker.session
+                    self.recipe.notify(f"ready: {state.model_id} "
+                                       f"({session.selection.describe(head=session.engine.heads is not None)})")
                 else:
                     slot.status, slot.error = "failed", state.load_error or "the model did not load"
                     if not self.single:

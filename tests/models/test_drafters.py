@@ -45,3 +45,21 @@ def test_a_drafter_file_is_refused_as_a_draft_model_in_one_line(heads, tmp_path)
     r = invoke("run", "--target", str(heads["plain"]), "--draft", str(heads["eagle3"]), "--threads", str(THREADS),
                "-c", "256", "-n", "4", "--spec", "on", "hello", home=tmp_path)
     assert r.code != 0 and r.err.count("\n") == 1 and "not a draft model" in r.err and "Traceback" not in r.err
+
+
+def test_the_catalog_pairs_a_target_with_its_own_head_first_and_serves_no_drafter_file(heads, tmp_path):
+    """A models folder (`localspec serve`'s): a NextN target drafts with its head, not with a smaller model of
+    its vocabulary beside it; a target without one gets that model; the drafter file is neither."""
+    import shutil
+
+    from localspec.models.catalog import find_models
+
+    wide = dict(width=128, head_dim=32, ff=256)  # more than twice the small model's bytes
+    built, d = tmp_path / "built", tmp_path / "models"
+    built.mkdir(), d.mkdir()
+    shutil.copy(build_tiny_arch(built / "wide.gguf", "qwen35", seed=1, dims=wide), d / "wide.gguf")
+    shutil.copy(build_tiny_arch(built / "wide-nextn.gguf", "qwen35", seed=1, dims=wide, nextn=1), d / "wide-nextn.gguf")
+    shutil.copy(heads["plain"], d / "small.gguf")
+    shutil.copy(heads["eagle3"], d / "eagle3.gguf")
+    entries = {e.name: e.draft for e in find_models(d)}
+    assert entries == {"small": None, "wide": d / "small.gguf", "wide-nextn": None}
