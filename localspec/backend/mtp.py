@@ -126,8 +126,10 @@ class MtpHead:
         self.n_embd, self.n_vocab = hidden.n_embd, target.n_vocab
         self.texts: list[list[int]] = [[] for _ in range(target.n_seq)]
         self.step_s = 0.0
-        self.step(0, 0, np.zeros(self.n_embd, np.float32))  # one step timed before a policy prices the head
-        L.llama_memory_seq_rm(self.mem, 0, -1, -1)
+        for i in range(3):  # timed before a policy prices the head; the first step pays for the graph's setup
+            self.step_s = 0.0 if i == 1 else self.step_s
+            self.step(0, 0, np.zeros(self.n_embd, np.float32))
+            L.llama_memory_seq_rm(self.mem, 0, -1, -1)
 
     def sync(self, text: list[int], seq: int = 0) -> None:
         """Its cache of `seq` holds `text` (the confirmed tokens before the pending one), each beside the

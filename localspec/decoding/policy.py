@@ -128,11 +128,13 @@ class AdaptivePolicy:
         k, gain = best_k_shared(a, k_max, self.costs, source, rows, others, self.miss() if self.miss else 0.0)
         if k and gain < self.MIN_GAIN:
             k = 0
-        return self._model_k(k, gain, catch_up) if source == "model" else k
+        return self._model_k(k, gain, catch_up) if source in ("model", "mtp") else k
 
     def _model_k(self, k: int, gain: float, catch_up) -> int:
-        """A model round priced with what its draft cache must first evaluate (a prompt it never saw):
-        paid back within PROBE_EVERY rounds at the expected gain, or, for a probe, a few decodes."""
+        """A model's (or a NextN head's) round priced with what its draft cache must first evaluate (a prompt
+        it never saw): paid back within PROBE_EVERY rounds at the expected gain, or, for a probe, a few decodes.
+        A probe tries one token where the prior says no draft pays: a trained head or a good model can be
+        right far more often than the prior, and only its drafts show it."""
         if k == 0:
             if self.model_ceiling < 1.1:
                 return 0

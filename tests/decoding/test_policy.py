@@ -51,3 +51,13 @@ def test_adaptive_policy_learns_from_shadow_drafts():
             pol.update(Draft(), 0, seq)
     assert pol.alpha[("ngram", 2)] > 0.8
     assert pol.k_for("ngram", 4, 2) > 0
+
+
+def test_a_nextn_head_the_prior_says_no_to_is_probed_now_and_then():
+    """A measured curve where the head's prior acceptance does not pay but a head right 95% of the time
+    would (a trained one on code): one token every PROBE_EVERY rounds, so its real acceptance is learnt."""
+    twin = CostProfile(t_decode=1.0, t_verify=[1.0, 1.46, 1.74, 2.01, 2.26, 2.50], t_draft=0.24)
+    pol = AdaptivePolicy(twin, 4)
+    assert pol.model_ceiling >= 1.1
+    ks = [pol.k_for("mtp", 4) for _ in range(2 * pol.PROBE_EVERY)]
+    assert sum(ks) == 2 and set(ks) == {0, 1}
