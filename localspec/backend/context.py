@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import os
 import threading
@@ -76,12 +77,11 @@ class Context:
         self.decode_s = 0.0  # wall time spent inside llama_decode (for the overhead figure)
         self.n_decode = 0
         self.observer = None  # called with (tokens, seconds) after each llama_decode (threads.ThreadGovernor)
-        self.hidden = None  # mtp.HiddenRows: each row's final hidden state kept, for a NextN head
+        self.hidden = None  # mtp.HiddenRows: each row's final hidden state, for a NextN head (snapshots carry them)
         self.threads = cp.n_threads  # for single tokens and short passes (decode, verification)
         self.threads_batch = cp.n_threads_batch  # for long passes (prompt evaluation)
         self._batch_now = cp.n_threads_batch  # what llama.cpp uses for passes over more than one token now
-        # llama.cpp asks this between the graph's nodes whether to give the pass up (set only around passes that
-        # may give way: a Python call per node, nothing while unset)
+        # asked by llama.cpp between graph nodes whether to give the pass up (set only around passes that may give way)
         self._abort: Callable[[], bool] | None = None
         self._abort_next = 0.0  # the question is put to `_abort` at most every ABORT_POLL_S
         self._abort_cb = L.ggml_abort_callback(self._should_abort)
@@ -90,7 +90,6 @@ class Context:
     VERIFY_SHAPES = (1, 2, 4, 8, 16)
     pad_verify = False  # pad "all"-logits passes to VERIFY_SHAPES (LoadConfig.verify_buckets)
 
-    # the default sequence's tokens, how its rows were computed and its checkpoints; the model's turn starts
     tokens = property(lambda self: self.seq_tokens[0])
     cuts = property(lambda self: self.seq_cuts[0])
     ckpts = property(lambda self: self.seq_ckpts[0])
@@ -98,10 +97,9 @@ class Context:
 
     def eval(self, tokens: list[int], logits: str = "last", seq: int = 0,
              stop: Callable[[], bool] | None = None) -> np.ndarray | None:
-        """Append `tokens` to sequence `seq`; a (rows, n_vocab) float32 copy of the rows logits asks for ("none",
-        "last", "all"), or None. `stop`: background work's question whether to give way, asked while the pass
-        runs (PassInterrupted, the pass rolled back). With `pad_verify`, an "all" pass is padded with copies of
-        its last token up to the next shape (in the cache past the confirmed text, until truncated)."""
+        """Append `tokens` to sequence `seq`; a float32 copy of the rows `logits` asks for ("none", "last", "all"), or
+        None. `stop`: whether to give way, asked while the pass runs (PassInterrupted, the pass rolled back). With
+        `pad_verify` an "all" pass is padded with its last token up to the next shape (in the cache until truncated)."""
         if not tokens:
             return None
         if self.pad_verify and logits == "all" and len(tokens) < self.n_batch:
@@ -317,9 +315,8 @@ class Context:
         return sync_cache(self, tokens, should_stop, step, background)
 
     def copy_prefix(self, src: int, dst: int, tokens: list[int]) -> int:
-        """Sequence `dst` made to hold the longest prefix of `tokens` that `src` holds, sharing its cells (free in a
-        unified cache); returns its length. A recurrent state is never shared (llama.cpp would hand `dst` all of
-        `src`'s): `dst` gets the cells up to one of `src`'s checkpoints and a copy of that checkpoint's state."""
+        """`dst` made to hold the longest prefix of `tokens` that `src` holds, sharing its cells; its length. A recurrent
+        state is never shared (llama.cpp would hand over all of `src`'s): cells up to a checkpoint, and its state."""
         with self.lock:
             self._settle(src)
             n = common_prefix(self.seq_tokens[src], tokens)
@@ -340,6 +337,8 @@ class Context:
                 self.clear(dst)
                 return 0
             self.seq_tokens[dst] = self.seq_tokens[src][:n]
+            if self.hidden is not None:
+                self.hidden.put(dst, self.hidden.kept(src, n))
             self.seq_cuts[dst] = self.seq_cuts[src].copy(n)
             self.seq_ckpts[dst] = self.seq_ckpts[src].copy(n)
             return n
@@ -353,6 +352,7 @@ class Context:
             buf = (ctypes.c_uint8 * size)()
             if L.llama_state_seq_get_data(self.ptr, buf, size, seq) != size:
                 raise ModelLoadError("llama.cpp could not copy the KV cache")
+            buf.hidden = self.hidden.kept(seq, len(self.seq_tokens[seq])) if self.hidden is not None else None
             return buf
 
     def restore(self, state, tokens: list[int], seq: int = 0, cuts: Cuts | None = None,
@@ -366,6 +366,8 @@ class Context:
                 self.clear(seq)
                 return False
             self._forget(seq, tokens, cuts, ckpts)
+            if self.hidden is not None:
+                self.hidden.put(seq, getattr(state, "hidden", None))
             return True
 
     def _forget(self, seq: int, tokens=(), cuts: Cuts | None = None, ckpts: Checkpoints | None = None) -> None:
@@ -394,7 +396,5 @@ class Context:
                 self.ptr = None
 
     def __del__(self):  # pragma: no cover
-        try:
+        with contextlib.suppress(Exception):  # interpreter shutdown: nothing left to free
             self.close()
-        except Exception:  # interpreter shutdown: nothing left to free
-            return

@@ -96,12 +96,32 @@ class HiddenRows:
         every = np.ctypeslib.as_array(self.api.embeddings_nextn(self.ctx_ptr), (n_tokens, self.n_embd))
         at = 0
         for seq, pos, n in spans:
-            if pos + n > len(self.rows[seq]):
-                grown = np.zeros((min(self.n_ctx, max(pos + n, 2 * len(self.rows[seq]))), self.n_embd), np.float32)
-                grown[:len(self.rows[seq])] = self.rows[seq]
-                self.rows[seq] = grown
-            self.rows[seq][pos:pos + n] = every[at:at + n]
+            self.keep_rows(seq, pos, every[at:at + n])
             at += n
+
+    def kept(self, seq: int, n: int) -> np.ndarray:
+        """A copy of the first n rows of `seq` (a snapshot's: Context.snapshot)."""
+        return self.rows[seq][:n].copy()
+
+    def put(self, seq: int, rows: np.ndarray | None) -> None:
+        """`seq`'s first rows, as a snapshot kept them (None: a snapshot without them, from disk; the head then
+        drafts worse for that text, never wrongly)."""
+        if rows is not None:
+            self.keep_rows(seq, 0, rows)
+
+    def keep_rows(self, seq: int, pos: int, rows: np.ndarray) -> None:
+        n = len(rows)
+        if pos + n > len(self.rows[seq]):
+            grown = np.zeros((min(self.n_ctx, max(pos + n, 2 * len(self.rows[seq]))), self.n_embd), np.float32)
+            grown[:len(self.rows[seq])] = self.rows[seq]
+            self.rows[seq] = grown
+        self.rows[seq][pos:pos + n] = rows
+
+
+def rows_bytes(state) -> int:
+    """Bytes of the hidden rows a snapshot carries (Context.snapshot), for a cache's budget."""
+    rows = getattr(state, "hidden", None)
+    return rows.nbytes if rows is not None else 0
 
 
 class MtpHead:

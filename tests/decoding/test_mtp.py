@@ -133,3 +133,25 @@ def test_auto_drafts_with_the_head_first_then_the_draft_model(tmp_path):
                 assert "mtp" in st.drafted_by_drafter and e.draft_ctx is None  # the draft model never loaded
         finally:
             e.close()
+
+
+def test_the_hidden_rows_go_with_a_snapshot_and_a_shared_prefix(nextn):
+    """A server parks a lane's text in its prompt cache and puts it back in another lane, or shares a prefix
+    between lanes: the head's input for that text comes along, not the rows another text left in that lane."""
+    from localspec.backend import Context
+
+    ctx = Context(nextn.target_model, 512, 512, THREADS, THREADS, n_seq=2)
+    try:
+        ctx.hidden = mtp.attach(ctx)
+        a, b = (nextn.prompt_tokens(t, raw=True) for t in PROMPTS[:2])
+        ctx.eval(a, "last", seq=0)
+        want = ctx.hidden.rows[0][:len(a)].copy()
+        state = ctx.snapshot(0)
+        ctx.eval(b, "last", seq=1)
+        assert ctx.restore(state, a, seq=1) and np.array_equal(ctx.hidden.rows[1][:len(a)], want)
+        ctx.clear(0)
+        ctx.eval(b, "last", seq=0)  # another text's rows in sequence 0
+        n = ctx.copy_prefix(1, 0, a)
+        assert n > 0 and np.array_equal(ctx.hidden.rows[0][:n], want[:n])
+    finally:
+        ctx.close()

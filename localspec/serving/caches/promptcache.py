@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 
 from ... import paths
 from ...backend import Context, common_prefix
+from ...backend.mtp import rows_bytes
 from ...backend.passes import Cuts
 from ...backend.rollback import Checkpoints, reach
 from .promptdisk import SAVE_MIN, DiskPrompts, pair_key
@@ -150,7 +151,7 @@ class PromptCache:
             cache.reset()
 
     def size(self) -> int:
-        return sum(len(e.state) + (e.ckpts.nbytes() if e.ckpts else 0) for e in self.entries)
+        return sum(len(e.state) + rows_bytes(e.state) + (e.ckpts.nbytes() if e.ckpts else 0) for e in self.entries)
 
 
 def prompt_cache_for(lanes, load, target_path, flash_attn: str) -> "PromptCache | None":
