@@ -72,6 +72,9 @@ class AdaptivePolicy:
     # tokens for the same kept ones, while a copy's shadow proposals earn its drafts within a few rounds
     # (docs/benchmarks/log-2026-11.md, "A second CPU"). A NextN head starts as a draft model does.
     PRIOR = {"model": 0.7, "mtp": 0.7, "ngram": 0.35, "prediction": 0.75, "resync": 0.75}
+    # A NextN head predicts each later position from its own guess, not the target's state: its acceptance is
+    # learnt per position, each starting this much below the one before (published heads: docs/MODELS.md)
+    HEAD_DEPTH_DECAY = 0.85
     # Acceptance is a count of outcomes, hits and misses, older ones fading (DECAY per new outcome:
     # about the last 100 tokens count), started from PRIOR_WEIGHT pseudo-outcomes at the prior. A running
     # average read a copy that held for a while as near-certain and drafted far into the next edit; counts
@@ -103,7 +106,7 @@ class AdaptivePolicy:
 
     def estimate(self, key: tuple[str, int]) -> float:
         if key not in self.alpha:
-            prior = self.PRIOR[key[0]]
+            prior = self.PRIOR[key[0]] * (self.HEAD_DEPTH_DECAY ** key[1] if key[0] == "mtp" else 1.0)
             if key[0] in ("ngram", "prediction"):
                 # a longer match is at least as good a bet as a shorter one of the same text: a bucket
                 # not tried yet starts from the best that shorter ones have shown (a copy's match grows
@@ -121,7 +124,8 @@ class AdaptivePolicy:
         held: how long an n-gram proposal's copy has held, before an edit it resumes after included."""
         if source == "ngram" and max(match_len, held) < self.min_match and origin != "prediction":
             return 0  # kept as the shadow: its acceptance is still learnt
-        a = self.estimate(_bucket(source, match_len, origin, resync))
+        a = ([self.estimate(("mtp", i)) for i in range(k_max)] if source == "mtp"
+             else self.estimate(_bucket(source, match_len, origin, resync)))
         rows, others, newcomer = self.load() if self.load is not None else (0, 0, False)
         if newcomer:  # a newer request's first steps go at single-token speed: no drafts meanwhile
             return 0
@@ -162,7 +166,10 @@ class AdaptivePolicy:
 
     def update(self, draft, accepted: int, seq: list[int]) -> None:
         self.rounds["plain" if not draft.tokens else draft.source] += 1
-        if draft.tokens:
+        if draft.source == "mtp":  # each position judged on its own: a hit, or the first miss (later ones unjudged)
+            for i in range(min(len(draft.tokens), accepted + 1)):
+                self._learn(("mtp", i), 1, int(i < accepted))
+        elif draft.tokens:
             self._learn(_bucket(draft.source, draft.match_len, draft.origin, draft.resync), len(draft.tokens), accepted)
         self._score_shadow(seq)
         if self.shadow and draft.shadow:  # still undecided: keep what matched so far

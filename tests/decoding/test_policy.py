@@ -61,3 +61,20 @@ def test_a_nextn_head_the_prior_says_no_to_is_probed_now_and_then():
     assert pol.model_ceiling >= 1.1
     ks = [pol.k_for("mtp", 4) for _ in range(2 * pol.PROBE_EVERY)]
     assert sum(ks) == 2 and set(ks) == {0, 1}
+
+
+def test_a_heads_acceptance_is_learnt_per_position():
+    """A NextN head's later positions are guesses on guesses: each position has its own estimate, the prior
+    falling with depth, so a head right on its first token and wrong on its second drafts one token."""
+    import pytest
+
+    from localspec.decoding.draft import Draft
+
+    gpu = CostProfile(t_decode=1.0, t_verify=[1.0, 1.02, 1.04, 1.06, 1.08, 1.1], t_draft=0.1)
+    pol = AdaptivePolicy(gpu, 4)
+    assert pol.estimate(("mtp", 1)) < pol.estimate(("mtp", 0)) and pol.k_for("mtp", 4) >= 2
+    for _ in range(60):
+        pol.update(Draft(source="mtp", tokens=[1, 2, 3, 4]), 1, [])  # the first token kept, the second not
+    assert pol.estimate(("mtp", 0)) > 0.9 and pol.estimate(("mtp", 1)) < 0.1
+    assert pol.estimate(("mtp", 2)) == pytest.approx(0.7 * pol.HEAD_DEPTH_DECAY ** 2)  # never judged
+    assert pol.k_for("mtp", 4) == 1
