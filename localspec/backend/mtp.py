@@ -21,6 +21,7 @@ from types import SimpleNamespace
 import numpy as np
 
 from ..errors import ConfigError
+from .fill import common_prefix
 
 PINNED = "0.3.36"  # the llama-cpp-python whose libllama exports the names below
 _MANGLED = {
@@ -151,37 +152,45 @@ class MtpHead:
             self.step(0, 0, np.zeros(self.n_embd, np.float32))
             L.llama_memory_seq_rm(self.mem, 0, -1, -1)
 
-    def sync(self, text: list[int], seq: int = 0) -> None:
+    def sync(self, text: list[int], seq: int = 0, then: tuple[int, np.ndarray] | None = None):
         """Its cache of `seq` holds `text` (the confirmed tokens before the pending one), each beside the
-        target's hidden state of the position before it."""
+        target's hidden state of the position before it. `then`: a draft's first step, (the pending token,
+        the state before it), in the same pass as the last of those tokens (a call fewer a round): its
+        logits and state returned, as `step`'s."""
         have = self.texts[seq]
-        keep = 0
-        while keep < min(len(have), len(text)) and have[keep] == text[keep]:
-            keep += 1
+        keep = len(have) if text[:len(have)] == have else common_prefix(have, text)  # a round's: all of it, at C speed
         self.L.llama_memory_seq_rm(self.mem, seq, keep, -1)
         del have[keep:]
-        rows = self.hidden.rows[seq]
-        zero = np.zeros(self.n_embd, np.float32)
-        for start in range(keep, len(text), self.target.n_batch):
-            part = text[start:start + self.target.n_batch]
-            self._process(seq, part, start, [rows[p - 1] if p > 0 else zero for p in range(start, start + len(part))])
-            have.extend(part)
+        rows, zero = self.hidden.rows[seq], np.zeros(self.n_embd, np.float32)
+        items = [(text[p], rows[p - 1] if p > 0 else zero) for p in range(keep, len(text))] + ([then] if then else [])
+        for start in range(0, len(items), self.target.n_batch):
+            part = items[start:start + self.target.n_batch]
+            last = then is not None and start + len(part) == len(items)
+            self._process(seq, [t for t, _ in part], keep + start, [h for _, h in part], last=last)
+            have.extend(t for t, _ in part[:len(part) - last])
+        return self._outputs(len(part) - 1) if then is not None else None
 
     def step(self, token: int, pos: int, h: np.ndarray, seq: int = 0) -> tuple[np.ndarray, np.ndarray]:
         """One drafted position: the head's logits for the token after `token` and its own hidden state;
         `step_s` follows what a step costs (a running average)."""
         t0 = time.perf_counter()
         self._process(seq, [token], pos, [h], last=True)
-        logits = np.ctypeslib.as_array(self.L.llama_get_logits_ith(self.ptr, 0), (self.n_vocab,)).copy()
-        out = np.ctypeslib.as_array(self.api.embeddings_nextn_ith(self.ptr, 0), (self.n_embd,)).copy()
+        out = self._outputs(0)
         dt = time.perf_counter() - t0
         self.step_s = dt if not self.step_s else 0.8 * self.step_s + 0.2 * dt
-        return logits, out
+        return out
+
+    def _outputs(self, i: int) -> tuple[np.ndarray, np.ndarray]:
+        """The logits and the head's own state at row i of the last pass."""
+        logits, state = np.empty(self.n_vocab, np.float32), np.empty(self.n_embd, np.float32)
+        ctypes.memmove(logits.ctypes.data, self.L.llama_get_logits_ith(self.ptr, i), logits.nbytes)
+        ctypes.memmove(state.ctypes.data, self.api.embeddings_nextn_ith(self.ptr, i), state.nbytes)
+        return logits, state
 
     def _process(self, seq: int, tokens: list[int], pos0: int, hs: list[np.ndarray], last: bool = False) -> None:
         L, b = self.L, self.batch
         L.llama_batch_ext_clear(b)
-        held = np.ascontiguousarray(np.stack(hs), dtype=np.float32)  # alive until llama_process returns
+        held = np.ascontiguousarray(np.stack(hs) if len(hs) > 1 else hs[0][None], dtype=np.float32)  # alive until it returns
         pos = (ctypes.c_int * 4)()
         for i, t in enumerate(tokens):
             idx = L.llama_batch_ext_add_token(b, seq, t)
@@ -218,8 +227,8 @@ class HeadSeq:
     def step_s(self) -> float:
         return self.head.step_s
 
-    def sync(self, text: list[int]) -> None:
-        self.run(lambda: self.head.sync(text, self.seq))
+    def sync(self, text: list[int], then: tuple[int, np.ndarray] | None = None):
+        return self.run(lambda: self.head.sync(text, self.seq, then))
 
     def step(self, token: int, pos: int, h: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         return self.run(lambda: self.head.step(token, pos, h, self.seq))

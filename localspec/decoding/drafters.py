@@ -108,17 +108,17 @@ class MtpDrafter:
         if k == 0:
             return draft
         pending = len(seq) - 1  # its position; the head reads it beside the target's state before it
-        head.sync(seq[:pending])
-        token, h = seq[-1], head.hidden.rows[head.seq][pending - 1]
+        # caught up with the confirmed text and the first step taken in one pass
+        logits, h = head.sync(seq[:pending], then=(seq[-1], head.hidden.rows[head.seq][pending - 1]))
+        head.tokens.append(seq[-1])  # its row stays valid; the drafted ones go at the next sync
         for i in range(k):
-            logits, h = head.step(token, pending + i, h)
-            if i == 0:
-                head.tokens.append(seq[-1])  # its row stays valid; the drafted ones go at the next sync
             token, q = _pick(logits, cfg, self.rng)
             if token is None:
                 break
             draft.tokens.append(token)
             draft.probs.append(q)
+            if i + 1 < k:
+                logits, h = head.step(token, pending + i + 1, h)
         return draft
 
 
