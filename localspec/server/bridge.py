@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import threading
 from dataclasses import dataclass
 
 from starlette.requests import Request
@@ -72,22 +73,48 @@ def end_of(stats, calls: list) -> End:
     return End(stats, END if stats.stop_reason == "eos" else LENGTH)
 
 
+class Handoff:
+    """The worker's events onto the event loop's queue, in order. Text pieces arriving within COALESCE_S go
+    over together: a wakeup of the event loop per piece takes a core from the decoding threads, which a small
+    model's sub-millisecond rounds feel (docs/benchmarks/log-2026-11.md, "NextN (MTP) heads")."""
+
+    COALESCE_S = 0.003
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, queue: asyncio.Queue):
+        self.loop, self.queue = loop, queue
+        self.lock = threading.Lock()
+        self.held: list = []
+
+    def emit(self, item) -> None:
+        with self.lock:
+            self.held.append(item)
+            if len(self.held) > 1:
+                return  # a flush is on its way
+        urgent = item[0] not in ("text", "live")
+        try:
+            self.loop.call_soon_threadsafe(self._flush if urgent else self._flush_soon)
+        except RuntimeError:  # the event loop has closed (shutdown)
+            pass
+
+    def _flush_soon(self) -> None:
+        self.loop.call_later(self.COALESCE_S, self._flush)
+
+    def _flush(self) -> None:
+        with self.lock:
+            items, self.held = self.held, []
+        for item in items:
+            self.queue.put_nowait(item)
+
+
 class Run:
     """One queued job seen from the event loop: the worker's events arrive on an asyncio queue and leave as
     text pieces (`texts`, `collect`) or, for a chat, as `Text`, `ToolCall` and `End` (`events`, `answer`)."""
 
     def __init__(self, state: ServerState, prepare, extras: Extras, background: bool = False, slot: str | None = None,
                  priority: bool = False, tools: ToolRequest | None = None):
-        loop = asyncio.get_running_loop()
         self.queue: asyncio.Queue = asyncio.Queue()
-
-        def emit(item) -> None:
-            try:
-                loop.call_soon_threadsafe(self.queue.put_nowait, item)
-            except RuntimeError:  # the event loop has closed (shutdown)
-                pass
-
-        self.job = Job(prepare, extras.job, emit, background=background, slot=slot, priority=priority)
+        self.job = Job(prepare, extras.job, Handoff(asyncio.get_running_loop(), self.queue).emit,
+                       background=background, slot=slot, priority=priority)
         self.stats = None  # the engine's Stats, once done
         self.live = None  # (source, Stats so far) of the latest text piece, when the request asked for them
         self.extras, self.tools = extras, tools  # a chat's tools: their calls are cut out of the text
