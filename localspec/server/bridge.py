@@ -76,7 +76,8 @@ def end_of(stats, calls: list) -> End:
 class Handoff:
     """The worker's events onto the event loop's queue, in order. Text pieces arriving within COALESCE_S go
     over together: a wakeup of the event loop per piece takes a core from the decoding threads, which a small
-    model's sub-millisecond rounds feel (docs/benchmarks/log-2026-11.md, "NextN (MTP) heads")."""
+    model's sub-millisecond rounds feel (docs/benchmarks/log-2026-11.md, "NextN (MTP) heads"). The first piece
+    goes at once: the time to the first token is what an editor waits on."""
 
     COALESCE_S = 0.003
 
@@ -84,13 +85,16 @@ class Handoff:
         self.loop, self.queue = loop, queue
         self.lock = threading.Lock()
         self.held: list = []
+        self.texts = 0  # text pieces handed over so far
 
     def emit(self, item) -> None:
         with self.lock:
             self.held.append(item)
+            first = self.texts == 0  # up to the first text piece (with its figures) nothing waits
+            self.texts += item[0] == "text"
             if len(self.held) > 1:
                 return  # a flush is on its way
-        urgent = item[0] not in ("text", "live")
+        urgent = first or item[0] not in ("text", "live")
         try:
             self.loop.call_soon_threadsafe(self._flush if urgent else self._flush_soon)
         except RuntimeError:  # the event loop has closed (shutdown)
