@@ -158,7 +158,7 @@ class MtpHead:
         the state before it), in the same pass as the last of those tokens (a call fewer a round): its
         logits and state returned, as `step`'s."""
         have = self.texts[seq]
-        keep = len(have) if text[:len(have)] == have else common_prefix(have, text)  # a round's: all of it, at C speed
+        keep = common_prefix(have, text)
         self.L.llama_memory_seq_rm(self.mem, seq, keep, -1)
         del have[keep:]
         rows, zero = self.hidden.rows[seq], np.zeros(self.n_embd, np.float32)
