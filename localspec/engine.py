@@ -190,15 +190,18 @@ class Engine:
     def make_drafter(self, cfg: GenConfig, rng, lane: Lane | None = None):
         lane = lane or self.lane
         head = self.heads.lane(lane.seq) if self.drafts_with_head(cfg) else None
-        model = DraftModel(lane.draft, cfg, rng) if self.draft_path and not (head and cfg.drafter == "auto") else None
+        model = DraftModel(lane.draft, cfg, rng) if self.drafts_with_model(cfg) else None
         # other requests' text only where it cannot change the answer
         return assemble_drafter(cfg, model, lane.ngram, recall=not self.decides_from_request_alone(cfg),
                                 mtp=MtpDrafter(head, cfg, rng) if head else None)
 
     def drafts_with_head(self, cfg: GenConfig) -> bool:
         """The target's own NextN head drafts: asked for, auto's first choice, or hybrid's without a draft model."""
-        return self.heads is not None and (cfg.drafter in ("mtp", "auto") or
-                                                   (cfg.drafter == "hybrid" and not self.draft_path))
+        return self.heads is not None and (cfg.drafter in ("mtp", "auto") or (cfg.drafter == "hybrid" and not self.draft_path))
+
+    def drafts_with_model(self, cfg: GenConfig) -> bool:
+        """The draft model drafts (loaded on first use): asked for, hybrid's, or auto's where the target has no head."""
+        return self.draft_path is not None and (cfg.drafter in ("model", "hybrid") or (cfg.drafter == "auto" and not self.heads))
 
     def generate(self, prompt: list[int], cfg: GenConfig, cancel: Callable[[], bool] | None = None,
                  lane: Lane | None = None, priority: bool = False) -> Iterator[Chunk]:

@@ -334,8 +334,7 @@ class Session:
         """Will generation with these settings draft with the model? (then load it early, in the
         background). Under auto only where the measured costs say a model draft can pay at all."""
         cfg, engine = self.gen, self.engine
-        if engine.draft_path is None or cfg.spec == "off" or cfg.drafter == "ngram" or (
-                cfg.drafter == "auto" and engine.drafts_with_head(cfg)):
+        if cfg.spec == "off" or not engine.drafts_with_model(cfg):
             return False
         if cfg.spec == "on":
             return True

@@ -37,8 +37,8 @@ SHARED_STEP_NOISE = 1e-3  # the least a batched near-tie is allowed (see below)
 def assert_plain_or_near_tie(e: Engine, prompts: list[list[int]], outputs: list[list[int]]) -> int:
     """Each output equals plain greedy decoding of its prompt on `e` (one sequence, one token per pass)
     or parts from it where plain's top two were within the batched-vs-single noise. Returns partings."""
-    # one sequence's noise at its prompt's end understates a step shared with other sequences deeper in: a
-    # cancelled neighbour's parting came at a 0.0006 margin against a 0.0001 bound (flash attention on)
+    # one sequence's noise at its prompt's end understates a step shared with other sequences deeper in (a
+    # cancelled neighbour's lane once parted above twice that noise, flash attention on)
     bound = max(2.0 * max(logit_noise(e, p) for p in prompts), SHARED_STEP_NOISE)
     e.target.reset()
     parted = 0

@@ -149,8 +149,8 @@ def format_check(result) -> str:
     lines += [f"{side} rollback: {archs.describe(s.rollback)} (docs/RECURRENT.md)"
               for side, s in (("target", t), ("draft", d)) if s is not None and s.rollback != archs.PARTIAL]
     if t.draft_head == "nextn":
-        lines.append(f"target draft head: {t.nextn_layers} NextN (MTP) block(s) in the file: `--drafter mtp --spec on` "
-                     "drafts with them (as llama-server's --spec-type draft-mtp; auto prices them, hybrid uses them without --draft)")
+        lines.append(f"target draft head: {t.nextn_layers} NextN (MTP) block(s) in the file: they draft by default "
+                     "(`--drafter auto`, as llama-server's --spec-type draft-mtp); `--drafter mtp` uses them alone")
     if result.suggested_drafts and not result.compatible:
         lines.append("drafts known for this target in models.yaml:")
         lines += [f"  {s['draft']}  (pair {s['pair']})" for s in result.suggested_drafts]
