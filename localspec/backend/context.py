@@ -242,6 +242,9 @@ class Context:
                 if n >= real:
                     self.seq_cuts[seq].truncate(n)
                     return
+            if n == 0:  # nothing kept: nothing to evaluate again
+                self.clear(seq)
+                return
             if self.rollback == PARTIAL or self._snapshots_cover(seq, len(toks) - n):
                 if self.L.llama_memory_seq_rm(self.mem, seq, n, -1):
                     self._dropped(seq, n)
@@ -263,23 +266,25 @@ class Context:
     def _roll_back(self, n: int, seq: int) -> int:
         """A recurrent sequence back to n tokens: its latest checkpoint at or before n, the tokens after it owed
         (with none, the whole kept text evaluated: the last resort, counted). Returns how many go in again."""
-        toks, self._owed[seq] = self.seq_tokens[seq], []  # what was owed is in `keep` again
-        keep, best = toks[:n], self.seq_ckpts[seq].best(n)
+        toks, self._owed[seq] = self.seq_tokens[seq], []  # what was owed is in `toks` again
+        best = self.seq_ckpts[seq].best(n)
         if best is not None and rollback.load_state(self.L, self.ptr, seq, best[1]) \
                 and self.L.llama_memory_seq_rm(self.mem, seq, best[0], -1):
             p = best[0]
+            owed = toks[p:n]  # no copy of the whole text: a miss costs the same at any depth
             self._dropped(seq, p)
         else:
             self.miss.fallbacks += 1
             self.L.llama_memory_seq_rm(self.mem, seq, -1, -1)
-            self.seq_tokens[seq], self.seq_ckpts[seq], p = [], Checkpoints(), 0
+            keep, self.seq_tokens[seq], self.seq_ckpts[seq] = toks[:n], [], Checkpoints()
             self.eval(keep, logits="none", seq=seq)  # in passes of its own: it can be long
             cuts = self.seq_cuts[seq]
             cuts.truncate(n)
             cuts.at, cuts.dirty_from = [n], 0  # its rows now from one pass: none reused as a fresh one's
             return n
-        if p < n:  # evaluated again with the next pass
-            self.seq_tokens[seq], self._owed[seq] = list(keep), keep[p:]
+        if owed:  # evaluated again with the next pass
+            toks.extend(owed)
+            self._owed[seq] = owed[:]
             self.seq_cuts[seq].truncate(n)
             self.seq_cuts[seq].dirty(p)  # rows after p come from another pass than before
         return n - p
