@@ -175,6 +175,8 @@ class Context:
     def _after_pass(self, parts, starts: list[int], n_tokens: int, dt: float) -> None:
         self.decode_s += dt
         self.n_decode += 1
+        if n_tokens == 1:
+            self.miss.stepped(dt)
         if self.hidden is not None:
             self.hidden.keep([(s, n0, len(self._owed[s]) + len(t)) for (s, t, _), n0 in zip(parts, starts)], n_tokens)
         for seq, toks, _ in parts:
@@ -295,9 +297,9 @@ class Context:
             self._owed[seq], self.seq_tokens[seq] = [], self.seq_tokens[seq][:-len(owed)]
             self.eval(owed, logits="none", seq=seq)
 
-    def checkpoint(self, seq: int = 0, brief: bool = False) -> None:
+    def checkpoint(self, seq: int = 0, brief: bool = False, keep: int = Checkpoints.ROLLBACK_KEEP) -> None:
         """Save a recurrent sequence's state here, for a later prompt to come back to (`brief`: for the next
-        rejected draft, dropped once two newer ones are kept); nothing to do for a transformer."""
+        rejected draft, dropped once `keep` newer ones are kept); nothing to do for a transformer."""
         if self.rollback == PARTIAL:
             return
         with self.lock:
@@ -305,9 +307,11 @@ class Context:
             ckpts = self.seq_ckpts[seq]
             if pos == 0 or ckpts.has(pos):
                 return
+            t0 = time.perf_counter()
             state = rollback.save_state(self.L, self.ptr, seq)
             if state is not None:
-                ckpts.add(pos, state, brief)
+                self.miss.saved(time.perf_counter() - t0)
+                ckpts.add(pos, state, brief, keep)
 
     def reusable(self, n: int, seq: int = 0) -> int:
         """The longest prefix, up to n tokens, the sequence can keep without evaluating anything again."""

@@ -23,6 +23,7 @@ from ..models.archs import CHECKPOINT, PARTIAL, SNAPSHOT  # noqa: F401 (the kind
 SNAPSHOTS = 4
 KEEP = 32  # checkpoints per sequence at most, oldest out (llama-server's --ctx-checkpoints)
 BUDGET = 256 << 20  # bytes of checkpoints per sequence at most
+STEP_SAVE_SHARE = 0.1  # a draft model saves its state per drafted token where a save costs at most this of a step
 PARTIAL_ONLY = 1  # LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY: the recurrent (or sliding-window) part alone
 
 
@@ -37,15 +38,21 @@ class Checkpoints:
 
     ROLLBACK_KEEP = 2
 
-    def add(self, pos: int, state, rollback: bool = False) -> None:
+    def add(self, pos: int, state, rollback: bool = False, keep: int = ROLLBACK_KEEP) -> None:
+        """`keep`: how many rollback ones to keep (a draft model's round keeps one per drafted token)."""
         self.drop_after(pos - 1)
         self.items.append((pos, state))
         if rollback:
             self.brief.add(pos)
-            for old in sorted(self.brief)[:-self.ROLLBACK_KEEP]:
+            for old in sorted(self.brief)[:-keep]:
                 self._remove(old)
         while len(self.items) - len(self.brief) > KEEP or (len(self.items) > 2 and self.nbytes() > BUDGET):
-            self._remove(next(p for p, _ in self.items if p not in self.brief))
+            self._remove(self._victim())
+
+    def _victim(self) -> int:
+        """The oldest prompt checkpoint; with none, a rollback one after the oldest (a round's start stays)."""
+        prompt = [p for p, _ in self.items if p not in self.brief]
+        return prompt[0] if prompt else sorted(self.brief)[1]
 
     def _remove(self, pos: int) -> None:
         self.items = [it for it in self.items if it[0] != pos]
@@ -116,6 +123,8 @@ class MissCost:
     replay: float = 0.0
     count: int = 0
     fallbacks: int = 0  # rollbacks that evaluated the whole kept text again
+    save_s: float = 0.0  # saving a checkpoint, and a one-token pass, running averages (`step_saves_pay`)
+    step_s: float = 0.0
 
     def record(self, t0: float, replayed: int) -> None:
         dt = time.perf_counter() - t0
@@ -123,3 +132,16 @@ class MissCost:
         w = 1.0 if self.count == 1 else 0.2
         self.seconds += w * (dt - self.seconds)
         self.replay += w * (replayed - self.replay)
+
+    def saved(self, dt: float) -> None:
+        self.save_s = dt if self.save_s == 0 else self.save_s + 0.2 * (dt - self.save_s)
+
+    def stepped(self, dt: float) -> None:
+        self.step_s = dt if self.step_s == 0 else self.step_s + 0.2 * (dt - self.step_s)
+
+    def step_saves_pay(self) -> bool:
+        """Whether a recurrent draft model saves its state after each drafted token, so that a rejection goes back
+        to the last accepted one instead of evaluating the accepted drafts again: where a save costs at most
+        STEP_SAVE_SHARE of a one-token pass (a CPU, where an extra token in a pass costs far more; not a GPU,
+        where a save crosses to the host and a longer pass costs little; docs/RECURRENT.md)."""
+        return 0 < self.save_s <= STEP_SAVE_SHARE * self.step_s

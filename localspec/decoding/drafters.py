@@ -73,6 +73,7 @@ class DraftModel:
             new = new[-1:]
         logits = ctx.eval(new, logits="last")[0]
         ctx.checkpoint(brief=True)  # a recurrent draft model's next round rolls its drafts back to here
+        per_step = ctx.rollback != PARTIAL and ctx.miss.step_saves_pay()  # or to its last accepted draft
         draft = Draft(source=self.name)
         greedy = cfg.temperature <= 0
         for i in range(k):
@@ -89,6 +90,8 @@ class DraftModel:
             draft.probs.append(q)
             if i + 1 < k:
                 logits = ctx.eval([t], logits="last")[0]
+                if per_step:
+                    ctx.checkpoint(brief=True, keep=k)
         return draft
 
 

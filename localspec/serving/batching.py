@@ -30,6 +30,7 @@ from typing import Callable
 import numpy as np
 
 from ..backend import Context, sync_cache
+from ..backend.rollback import Checkpoints
 from ..errors import ContextFullError, PassInterrupted
 from .caches.swap import SwapSpace
 
@@ -370,8 +371,8 @@ class SeqView:
     def truncate(self, n: int) -> None:
         self.ctx.truncate(n, self.seq)
 
-    def checkpoint(self, brief: bool = False) -> None:
-        self.ctx.checkpoint(self.seq, brief)
+    def checkpoint(self, brief: bool = False, keep: int = Checkpoints.ROLLBACK_KEEP) -> None:
+        self.ctx.checkpoint(self.seq, brief, keep)
 
     def reusable(self, n: int) -> int:
         return self.ctx.reusable(n, self.seq)

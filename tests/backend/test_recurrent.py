@@ -114,6 +114,23 @@ def test_a_rejected_tail_costs_the_same_deep_in_the_context(engine, monkeypatch)
     assert ctx.miss.fallbacks == 0
 
 
+@pytest.mark.parametrize("per_step", [False, True])
+def test_a_recurrent_draft_model_goes_back_to_its_last_accepted_draft(engine, monkeypatch, per_step):
+    """Where a save is cheap against a step, the draft model saves its state after each drafted token: the round
+    after a rejection evaluates the target's token alone (two with every draft accepted), never the accepted
+    drafts again; otherwise it goes back to the round's start and evaluates them with it. Texts equal plain."""
+    monkeypatch.setattr(rollback.MissCost, "step_saves_pay", lambda self: per_step)
+    prompt = prompt_of(engine, 60)
+    plain, _ = run(engine, prompt, greedy(spec="off"))
+    run(engine, prompt_of(engine, 30), greedy(max_tokens=2))  # the draft context loaded
+    passes = []
+    monkeypatch.setattr(engine.draft_ctx, "observer", lambda n, dt: passes.append(n))
+    spec, st = run(engine, prompt, greedy())
+    assert spec == plain and st.drafted > st.accepted > 0 and engine.draft_ctx.miss.fallbacks == 0
+    later = passes[1:]  # after the first round's catch-up with the prompt
+    assert (max(later) <= 2) == per_step, later
+
+
 def test_rollback_gives_the_rows_of_a_fresh_evaluation(engine):
     """After a rollback, the next row is the one decoding the kept text gives."""
     ctx, prompt = engine.target, prompt_of(engine, 80)
@@ -206,6 +223,22 @@ def test_checkpoints_are_bounded_and_copied_up_to_a_point():
     assert rollback.reach(650, 900, ck.positions(), rollback.PARTIAL) == 650
     assert rollback.reach(900, 900, [], "checkpoint") == 900
     assert Cuts().copy(0).at == []
+
+
+def test_a_draft_rounds_checkpoints_and_the_budget(monkeypatch):
+    """A draft round's rollback states, `keep` of them: over the byte budget the prompt's go first, then those
+    between the round's start and its latest."""
+    ck = rollback.Checkpoints()
+    ck.add(5, bytes(8))
+    for p in range(10, 15):
+        ck.add(p, bytes(8), rollback=True, keep=4)
+    assert ck.positions() == [5, 11, 12, 13, 14]
+    monkeypatch.setattr(rollback, "BUDGET", 10)
+    ck.add(15, bytes(8), rollback=True, keep=5)
+    assert ck.positions() == [11, 15]
+    assert rollback.MissCost(save_s=1e-5, step_s=1e-3).step_saves_pay()
+    assert not rollback.MissCost(save_s=1e-3, step_s=1e-3).step_saves_pay()
+    assert not rollback.MissCost(step_s=1e-3).step_saves_pay()  # not measured yet
 
 
 def test_a_hybrids_saved_prompt_survives_a_restart(arch_files, tmp_path):
