@@ -13,6 +13,7 @@ import numpy as np
 
 from ..errors import ContextFullError, ModelLoadError, PassInterrupted
 from . import rollback
+from .abort import PassAbort
 from .fill import common_prefix, sync_cache
 from .model import Model
 from .passes import Cuts
@@ -81,11 +82,7 @@ class Context:
         self.threads = cp.n_threads  # for single tokens and short passes (decode, verification)
         self.threads_batch = cp.n_threads_batch  # for long passes (prompt evaluation)
         self._batch_now = cp.n_threads_batch  # what llama.cpp uses for passes over more than one token now
-        # asked by llama.cpp between graph nodes whether to give the pass up (set only around passes that may give way)
-        self._abort: Callable[[], bool] | None = None
-        self._abort_next = 0.0  # the question is put to `_abort` at most every ABORT_POLL_S
-        self._abort_cb = L.ggml_abort_callback(self._should_abort)
-        self._no_abort_cb = L.ggml_abort_callback()  # NULL: llama.cpp asks nothing
+        self.aborts = PassAbort(L, self.ptr)  # whether to give a pass up, asked by llama.cpp while it runs
 
     VERIFY_SHAPES = (1, 2, 4, 8, 16)
     pad_verify = False  # pad "all"-logits passes to VERIFY_SHAPES (LoadConfig.verify_buckets)
@@ -143,7 +140,7 @@ class Context:
             b.n_tokens = i
             self._threads_for(i)
             t0 = time.perf_counter()
-            rc = self._decode(b, abort)
+            rc = self.aborts.decode(b, abort)
             if rc != 0:  # a recurrent state may hold part of the pass: back to a checkpoint
                 for (seq, _, _), n0 in zip(parts, starts):
                     if self.rollback == PARTIAL:
@@ -195,29 +192,6 @@ class Context:
                 self._settle(seq)
             if verify:
                 self.checkpoint(seq, brief=True)
-
-    def _decode(self, batch, abort: Callable[[], bool] | None) -> int:
-        if abort is None:
-            return self.L.llama_decode(self.ptr, batch)
-        self._abort, self._abort_next = abort, 0.0
-        self.L.llama_set_abort_callback(self.ptr, self._abort_cb, None)
-        try:
-            return self.L.llama_decode(self.ptr, batch)
-        finally:
-            self.L.llama_set_abort_callback(self.ptr, self._no_abort_cb, None)
-            self._abort = None
-
-    ABORT_POLL_S = 0.005  # a request waits about this long at most for a background pass to end
-
-    def _should_abort(self, _data) -> bool:
-        now = time.perf_counter()
-        if now < self._abort_next:
-            return False
-        self._abort_next = now + self.ABORT_POLL_S
-        try:
-            return bool(self._abort is not None and self._abort())
-        except Exception:  # an exception cannot cross into llama.cpp: go on with the pass
-            return False
 
     LONG_PASS = 32  # passes over more tokens than this count as prompt evaluation
 
