@@ -143,7 +143,8 @@ class Engine:
                 try:
                     require_compatible(self.target_model.vocab_info(), model.vocab_info())
                     threads = self.decode_threads
-                    self.draft_ctx = Context(model, load.n_ctx, load.n_batch, threads, threads,
+                    # no per-token snapshots: its passes are one token, so they never reach back a round
+                    self.draft_ctx = Context(model, load.n_ctx, load.n_batch, threads, threads, snapshots=False,
                                              n_seq=max(1, load.n_parallel), flash_attn=self.flash_attn)
                 except BaseException:
                     model.close()

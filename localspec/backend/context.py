@@ -31,7 +31,7 @@ class Context:
 
     def __init__(self, model: Model, n_ctx: int = 4096, n_batch: int = 512, n_threads: int | None = None,
                  n_threads_batch: int | None = None, n_seq: int = 1, flash_attn: str = "auto",
-                 kv_type: str = "f16"):
+                 kv_type: str = "f16", snapshots: bool = True):
         L = model.L
         threads = n_threads or (os.cpu_count() or 1)
         cp = L.llama_context_default_params()
@@ -45,7 +45,7 @@ class Context:
         cp.no_perf = True
         cp.flash_attn_type = FLASH_ATTN[flash_attn]
         cp.type_k = cp.type_v = KV_TYPES[kv_type]
-        if rollback.recurrent(L, model.ptr):  # llama.cpp keeps none where the architecture has no support
+        if snapshots and rollback.recurrent(L, model.ptr):  # llama.cpp keeps none where the architecture has none
             cp.n_rs_seq = rollback.SNAPSHOTS
         self.ptr = L.llama_init_from_model(model.ptr, cp)
         if not self.ptr:

@@ -146,8 +146,9 @@ def format_check(result) -> str:
                      f"of {d.n_tokens} tokens, bos {d.bos}, eos {d.eos}; header {d.header_bytes} bytes")
         lines.append("compatible: the draft can speculate for the target" if result.compatible
                      else f"not compatible: {result.mismatch}")
-    lines += [f"{side} rollback: {archs.describe(s.rollback)} (docs/RECURRENT.md)"
-              for side, s in (("target", t), ("draft", d)) if s is not None and s.rollback != archs.PARTIAL]
+    lines += [f"{side} rollback: {how} (docs/RECURRENT.md)" for side, s, how in
+              (("target", t, archs.describe(t.rollback)), ("draft", d, archs.DRAFT_ROLLBACK))
+              if s is not None and s.rollback != archs.PARTIAL]
     if t.draft_head == "nextn":
         lines.append(f"target draft head: {t.nextn_layers} NextN (MTP) block(s) in the file: they draft by default "
                      "(`--drafter auto`, as llama-server's --spec-type draft-mtp); `--drafter mtp` uses them alone")

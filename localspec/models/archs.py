@@ -29,6 +29,11 @@ def describe(kind: str) -> str:
             CHECKPOINT: "a state checkpoint before each verify pass, the kept tokens replayed"}[kind]
 
 
+# a recurrent draft model, whatever its architecture: its passes are one token, so no snapshot reaches back a round
+DRAFT_ROLLBACK = ("its state saved after each drafted token where a save costs little beside a step (a CPU), "
+                  "else at each round's start and the accepted drafts evaluated again")
+
+
 # Drafters that ship with models: a target's own NextN (multi-token-prediction) blocks, and drafter GGUFs of
 # architectures of their own, which llama-server drives with --spec-type draft-mtp, draft-eagle3, draft-dflash
 DRAFTER_ARCHS = {"eagle3": "an EAGLE-3 drafter", "dflash": "a DFlash drafter",

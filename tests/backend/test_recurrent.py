@@ -207,7 +207,8 @@ def test_check_says_which_rollback_a_file_gets(arch_files, tiny, cli):
     assert (code, err) == (0, "")
     assert out.splitlines()[-2:] == [
         "target rollback: per-token state snapshots for short drafts, checkpoints for longer ones (docs/RECURRENT.md)",
-        "draft rollback: a state checkpoint before each verify pass, the kept tokens replayed (docs/RECURRENT.md)"]
+        "draft rollback: its state saved after each drafted token where a save costs little beside a step (a CPU), "
+        "else at each round's start and the accepted drafts evaluated again (docs/RECURRENT.md)"]
     assert "rollback" not in cli("check", str(tiny.target))[1]
 
 
