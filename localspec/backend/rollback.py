@@ -16,6 +16,8 @@ import ctypes
 import time
 from dataclasses import dataclass, field
 
+import numpy as np
+
 from ..models.archs import CHECKPOINT, PARTIAL, SNAPSHOT  # noqa: F401 (the kinds, named once there)
 
 # per-token recurrent states asked of llama.cpp per sequence: a verify pass of up to 5 tokens rolls back free; each
@@ -24,6 +26,7 @@ SNAPSHOTS = 4
 KEEP = 32  # checkpoints per sequence at most, oldest out (llama-server's --ctx-checkpoints)
 BUDGET = 256 << 20  # bytes of checkpoints per sequence at most
 STEP_SAVE_SHARE = 0.1  # a draft model saves its state per drafted token where a save costs at most this of a step
+U8P = ctypes.POINTER(ctypes.c_uint8)
 PARTIAL_ONLY = 1  # LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY: the recurrent (or sliding-window) part alone
 
 
@@ -102,16 +105,16 @@ def classify(L, model_ptr, ctx_ptr) -> tuple[str, int]:
 
 
 def save_state(L, ctx_ptr, seq: int):
-    """The sequence's recurrent part, to put back with load_state."""
+    """The sequence's recurrent part, to put back with load_state (uninitialised memory: llama.cpp fills it all)."""
     size = L.llama_state_seq_get_size_ext(ctx_ptr, seq, PARTIAL_ONLY)
-    buf = (ctypes.c_uint8 * size)()
-    if L.llama_state_seq_get_data_ext(ctx_ptr, buf, size, seq, PARTIAL_ONLY) != size:
+    buf = np.empty(size, np.uint8)
+    if L.llama_state_seq_get_data_ext(ctx_ptr, buf.ctypes.data_as(U8P), size, seq, PARTIAL_ONLY) != size:
         return None
     return buf
 
 
 def load_state(L, ctx_ptr, seq: int, state) -> bool:
-    return L.llama_state_seq_set_data_ext(ctx_ptr, state, len(state), seq, PARTIAL_ONLY) != 0
+    return L.llama_state_seq_set_data_ext(ctx_ptr, state.ctypes.data_as(U8P), len(state), seq, PARTIAL_ONLY) != 0
 
 
 @dataclass

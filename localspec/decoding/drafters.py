@@ -72,8 +72,9 @@ class DraftModel:
             ctx.checkpoint()
             new = new[-1:]
         logits = ctx.eval(new, logits="last")[0]
-        ctx.checkpoint(brief=True)  # a recurrent draft model's next round rolls its drafts back to here
-        per_step = ctx.rollback != PARTIAL and ctx.miss.step_saves_pay()  # or to its last accepted draft
+        # a recurrent draft's state saved before a drafted token goes in: its next round comes back to the round's
+        # start, or, where saves are cheap, to its last accepted draft; the state after the last one is the current
+        per_step = ctx.rollback != PARTIAL and ctx.miss.step_saves_pay()
         draft = Draft(source=self.name)
         greedy = cfg.temperature <= 0
         for i in range(k):
@@ -89,9 +90,9 @@ class DraftModel:
             draft.tokens.append(t)
             draft.probs.append(q)
             if i + 1 < k:
-                logits = ctx.eval([t], logits="last")[0]
-                if per_step:
+                if i == 0 or per_step:
                     ctx.checkpoint(brief=True, keep=k)
+                logits = ctx.eval([t], logits="last")[0]
         return draft
 
 

@@ -25,6 +25,8 @@ import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import numpy as np
+
 from ...backend import common_prefix
 from ...backend.passes import Cuts
 from ...backend.rollback import Checkpoints
@@ -190,6 +192,6 @@ def _split(buf, where: list[tuple[int, int]]) -> tuple[object, Checkpoints]:
     end = len(buf) - sum(n for _, n in where)
     state, ckpts = (ctypes.c_uint8 * end).from_buffer(buf), Checkpoints()
     for pos, n in where:
-        ckpts.items.append((pos, (ctypes.c_uint8 * n).from_buffer(buf, end)))
+        ckpts.items.append((pos, np.frombuffer(buf, np.uint8, n, end)))
         end += n
     return state, ckpts
