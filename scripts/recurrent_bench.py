@@ -10,8 +10,10 @@ the `gguf` package (scripts/harness/tinyarch.py); every figure is measured in th
   prefix  a second prompt sharing a 1k-token prefix: its prompt seconds against the first's
   lanes   a real `localspec serve --parallel 2`: pairs of overlapping greedy requests sharing a long
           prefix, each answer against the same request sent alone (--tries pairs)
+  peers   localspec serve and llama-server, each with its own speculation and plain, all up at once: each
+          family's speculation against its plain decoding (scripts/recurrent_peers.py)
 
-  scripts/recurrent-bench [--only spec,miss,turns,prefix,lanes] [--archs llama,mamba,lfm2,qwen35] [--json]
+  scripts/recurrent-bench [--only spec,miss,turns,prefix,lanes,peers] [--archs llama,mamba,lfm2,qwen35] [--json]
 
 Run it on another checkout (the code before a change) with PYTHONPATH=THAT_CHECKOUT.
 """
@@ -194,6 +196,9 @@ def main() -> int:
             target, draft = build(arch, Path(tmp))
             if "lanes" in only:
                 out.setdefault(arch, {})["lanes"] = bench_lanes(target, draft, args.tries, Path(tmp))
+            if "peers" in only:
+                from recurrent_peers import bench_peers
+                out.setdefault(arch, {})["peers"] = bench_peers(target, draft, Path(tmp) / f"peers-{arch}", args.reps)
             e = Engine(target, draft, LoadConfig(n_ctx=8192, n_threads=args.threads, n_threads_batch=args.threads))
             try:
                 r = out.setdefault(arch, {})
