@@ -68,9 +68,10 @@ class Checkpoints:
         """The latest checkpoint at or before position n."""
         return next((it for it in reversed(self.items) if it[0] <= n), None)
 
-    def drop_after(self, n: int) -> None:
-        self.items = [it for it in self.items if it[0] <= n]
-        self.brief = {p for p in self.brief if p <= n}
+    def drop_after(self, n: int) -> None:  # the newest go, in as many steps: a miss costs the same at any depth
+        items = self.items
+        while items and items[-1][0] > n:
+            self.brief.discard(items.pop()[0])
 
     def copy(self, n: int | None = None) -> "Checkpoints":
         keep = [it for it in self.items if n is None or it[0] <= n]
