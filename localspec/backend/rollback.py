@@ -25,7 +25,8 @@ from ..models.archs import CHECKPOINT, PARTIAL, SNAPSHOT  # noqa: F401 (the kind
 SNAPSHOTS = 4
 KEEP = 32  # checkpoints per sequence at most, oldest out (llama-server's --ctx-checkpoints)
 BUDGET = 256 << 20  # bytes of checkpoints per sequence at most
-STEP_SAVE_SHARE = 0.1  # a draft model saves its state per drafted token where a save costs at most this of a step
+STEP_SAVE_SHARE = 0.1  # a draft model saves its state per drafted token only where a save costs at most this of a step
+REPLAY_SHARE = 0.5  # at least what one more token in a pass costs on a CPU, of a one-token pass (docs/RECURRENT.md)
 U8P = ctypes.POINTER(ctypes.c_uint8)
 PARTIAL_ONLY = 1  # LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY: the recurrent (or sliding-window) part alone
 
@@ -127,7 +128,7 @@ class MissCost:
     replay: float = 0.0
     count: int = 0
     fallbacks: int = 0  # rollbacks that evaluated the whole kept text again
-    save_s: float = 0.0  # saving a checkpoint, and a one-token pass, running averages (`step_saves_pay`)
+    save_s: float = 0.0  # saving a checkpoint, and a one-token pass, running averages (`step_save_pays`)
     step_s: float = 0.0
 
     def record(self, t0: float, replayed: int) -> None:
@@ -143,9 +144,10 @@ class MissCost:
     def stepped(self, dt: float) -> None:
         self.step_s = dt if self.step_s == 0 else self.step_s + 0.2 * (dt - self.step_s)
 
-    def step_saves_pay(self) -> bool:
-        """Whether a recurrent draft model saves its state after each drafted token, so that a rejection goes back
-        to the last accepted one instead of evaluating the accepted drafts again: where a save costs at most
-        STEP_SAVE_SHARE of a one-token pass (a CPU, where an extra token in a pass costs far more; not a GPU,
-        where a save crosses to the host and a longer pass costs little; docs/RECURRENT.md)."""
-        return 0 < self.save_s <= STEP_SAVE_SHARE * self.step_s
+    def step_save_pays(self, reach: float) -> bool:
+        """Whether a recurrent draft model saves its state before its next drafted token goes in, so that the rounds
+        accepting the drafts so far (a share `reach` of them) come back there instead of evaluating one more of
+        them again: where the save costs less than that share of a token's replay (REPLAY_SHARE of a step), and
+        at most STEP_SAVE_SHARE of a step (not on a GPU: a save crosses to the host there, a longer pass costs
+        little)."""
+        return 0 < self.save_s <= min(STEP_SAVE_SHARE, reach * REPLAY_SHARE) * self.step_s

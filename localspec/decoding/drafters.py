@@ -33,6 +33,8 @@ class DraftModel:
         self._source = ctx_source
         self.cfg, self.rng = cfg, rng
         self._shared: int | None = None  # the prefix of the text its cache holds (lag), None: not measured
+        self._round: tuple[int, int] | None = None  # where the last round's drafts went in, how many did
+        self._reach: dict[int, float] = {}  # i -> share of rounds that accepted their first i evaluated drafts
 
     @property
     def ctx(self) -> Context:
@@ -65,7 +67,9 @@ class DraftModel:
         self._shared = None
         # roll back to the confirmed text, then evaluate what was confirmed since last round
         # (a recurrent model's back to its checkpoint: what it then lacks goes in with the new tokens, one pass)
-        ctx.truncate(ctx.reusable(min(common_prefix(ctx.tokens, seq), len(seq) - 1)))
+        shared = common_prefix(ctx.tokens, seq)
+        self._learn_reach(shared)
+        ctx.truncate(ctx.reusable(min(shared, len(seq) - 1)))
         new = seq[len(ctx.tokens):]
         if len(new) > LONG_CATCH_UP and ctx.rollback != PARTIAL:  # a recurrent model's state before the
             ctx.eval(new[:-1], logits="none")  # pending token kept, for the next answer to the same prompt
@@ -73,8 +77,8 @@ class DraftModel:
             new = new[-1:]
         logits = ctx.eval(new, logits="last")[0]
         # a recurrent draft's state saved before a drafted token goes in: its next round comes back to the round's
-        # start, or, where saves are cheap, to its last accepted draft; the state after the last one is the current
-        per_step = ctx.rollback != PARTIAL and ctx.miss.step_saves_pay()
+        # start, or, where saves pay, to its last accepted draft; the state after the last one is the current
+        recurrent, start = ctx.rollback != PARTIAL, len(ctx.tokens)
         draft = Draft(source=self.name)
         greedy = cfg.temperature <= 0
         for i in range(k):
@@ -90,10 +94,26 @@ class DraftModel:
             draft.tokens.append(t)
             draft.probs.append(q)
             if i + 1 < k:
-                if i == 0 or per_step:
+                if recurrent and (i == 0 or ctx.miss.step_save_pays(self._reach.get(i, 1.0))):
                     ctx.checkpoint(brief=True, keep=k)
                 logits = ctx.eval([t], logits="last")[0]
+        self._round = (start, len(ctx.tokens) - start) if recurrent else None
         return draft
+
+    def _learn_reach(self, shared: int) -> None:
+        """How far into its evaluated drafts the last round was accepted (the text shares `shared` tokens with the
+        draft's cache), into each position's running share."""
+        if self._round is not None:
+            start, evaluated = self._round
+            learn_reach(self._reach, min(max(shared - start, 0), evaluated), evaluated)
+            self._round = None
+
+
+def learn_reach(reach: dict[int, float], accepted: int, evaluated: int, weight: float = 0.2) -> None:
+    """reach[i]: the running share of rounds that accepted their first i evaluated drafts (1 until seen)."""
+    for i in range(1, evaluated + 1):
+        r = reach.get(i, 1.0)
+        reach[i] = r + weight * ((accepted >= i) - r)
 
 
 class MtpDrafter:

@@ -13,6 +13,7 @@ from harness.tinyarch import build_tiny_arch
 from localspec.backend import rollback
 from localspec.backend.passes import Cuts
 from localspec.config import GenConfig, LoadConfig
+from localspec.decoding.drafters import learn_reach
 from localspec.engine import Engine
 from localspec.models.archs import rollback_of
 from localspec.serving.engine import ServingEngine
@@ -119,7 +120,7 @@ def test_a_recurrent_draft_model_goes_back_to_its_last_accepted_draft(engine, mo
     """Where a save is cheap against a step, the draft model saves its state after each drafted token: the round
     after a rejection evaluates the target's token alone (two with every draft accepted), never the accepted
     drafts again; otherwise it goes back to the round's start and evaluates them with it. Texts equal plain."""
-    monkeypatch.setattr(rollback.MissCost, "step_saves_pay", lambda self: per_step)
+    monkeypatch.setattr(rollback.MissCost, "step_save_pays", lambda self, reach: per_step)
     prompt = prompt_of(engine, 60)
     plain, _ = run(engine, prompt, greedy(spec="off"))
     run(engine, prompt_of(engine, 30), greedy(max_tokens=2))  # the draft context loaded
@@ -226,9 +227,10 @@ def test_checkpoints_are_bounded_and_copied_up_to_a_point():
     assert Cuts().copy(0).at == []
 
 
-def test_a_draft_rounds_checkpoints_and_the_budget(monkeypatch):
+def test_a_draft_rounds_checkpoints_and_when_they_pay(monkeypatch):
     """A draft round's rollback states, `keep` of them: over the byte budget the prompt's go first, then those
-    between the round's start and its latest."""
+    between the round's start and its latest. A save before a drafted token where it costs less than the
+    replays it spares (the share of rounds that get that far), and little beside a step."""
     ck = rollback.Checkpoints()
     ck.add(5, bytes(8))
     for p in range(10, 15):
@@ -237,9 +239,15 @@ def test_a_draft_rounds_checkpoints_and_the_budget(monkeypatch):
     monkeypatch.setattr(rollback, "BUDGET", 10)
     ck.add(15, bytes(8), rollback=True, keep=5)
     assert ck.positions() == [11, 15]
-    assert rollback.MissCost(save_s=1e-5, step_s=1e-3).step_saves_pay()
-    assert not rollback.MissCost(save_s=1e-3, step_s=1e-3).step_saves_pay()
-    assert not rollback.MissCost(step_s=1e-3).step_saves_pay()  # not measured yet
+    reach: dict[int, float] = {}
+    learn_reach(reach, 1, 3)  # a round that evaluated 3 drafts and kept 1
+    learn_reach(reach, 0, 2)
+    assert reach == pytest.approx({1: 0.8, 2: 0.64, 3: 0.8})
+    cost = rollback.MissCost(save_s=5e-5, step_s=1e-3)  # a save costs a twentieth of a step
+    assert cost.step_save_pays(1.0) and cost.step_save_pays(0.2)
+    assert not cost.step_save_pays(0.05)  # it would spare a token's replay in one round of twenty
+    assert not rollback.MissCost(save_s=1e-3, step_s=1e-3).step_save_pays(1.0)  # dear (a GPU's host copy)
+    assert not rollback.MissCost(step_s=1e-3).step_save_pays(1.0)  # not measured yet
 
 
 def test_a_hybrids_saved_prompt_survives_a_restart(arch_files, tmp_path):
