@@ -172,7 +172,7 @@ class Context:
     def _after_pass(self, parts, starts: list[int], n_tokens: int, dt: float) -> None:
         self.decode_s += dt
         self.n_decode += 1
-        if n_tokens == 1:
+        if n_tokens == 1 and self.rollback != PARTIAL:  # what a step costs beside a save (rollback.MissCost)
             self.miss.stepped(dt)
         if self.hidden is not None:
             self.hidden.keep([(s, n0, len(self._owed[s]) + len(t)) for (s, t, _), n0 in zip(parts, starts)], n_tokens)

@@ -34,7 +34,7 @@ class DraftModel:
         self.cfg, self.rng = cfg, rng
         self._shared: int | None = None  # the prefix of the text its cache holds (lag), None: not measured
         self._round: tuple[int, int] | None = None  # where the last round's drafts went in, how many did
-        self._reach: dict[int, float] = {}  # i -> share of rounds that accepted their first i evaluated drafts
+        self._reach: dict[int, float] = {}  # i -> share of rounds a state saved after their i-th draft would serve
 
     @property
     def ctx(self) -> Context:
@@ -110,10 +110,11 @@ class DraftModel:
 
 
 def learn_reach(reach: dict[int, float], accepted: int, evaluated: int, weight: float = 0.2) -> None:
-    """reach[i]: the running share of rounds that accepted their first i evaluated drafts (1 until seen)."""
+    """reach[i]: the running share of rounds that a state saved after their i-th draft would serve (1 until seen):
+    those that accept it and reject a later evaluated one (with all of them accepted, the state is the current)."""
     for i in range(1, evaluated + 1):
         r = reach.get(i, 1.0)
-        reach[i] = r + weight * ((accepted >= i) - r)
+        reach[i] = r + weight * ((i <= accepted < evaluated) - r)
 
 
 class MtpDrafter:

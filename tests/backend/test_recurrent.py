@@ -243,6 +243,8 @@ def test_a_draft_rounds_checkpoints_and_when_they_pay(monkeypatch):
     learn_reach(reach, 1, 3)  # a round that evaluated 3 drafts and kept 1
     learn_reach(reach, 0, 2)
     assert reach == pytest.approx({1: 0.8, 2: 0.64, 3: 0.8})
+    learn_reach(reach, 2, 2)  # every evaluated draft kept: the state is the current one, no save served it
+    assert reach[1] == pytest.approx(0.64)
     cost = rollback.MissCost(save_s=5e-5, step_s=1e-3)  # a save costs a twentieth of a step
     assert cost.step_save_pays(1.0) and cost.step_save_pays(0.2)
     assert not cost.step_save_pays(0.05)  # it would spare a token's replay in one round of twenty
