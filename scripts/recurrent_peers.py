@@ -8,13 +8,12 @@ from __future__ import annotations
 import json
 import statistics
 import time
-import urllib.error
-import urllib.request
 from pathlib import Path
 
 from race import Entrant, wait_quiet
 
 from harness import llamacpp_tools
+from harness.faults import post_json
 from harness.serverproc import ServerProcess
 
 WORDS = "the cache model token draft target fast slow read write data line value list code file".split()
@@ -37,15 +36,11 @@ def start(target: Path, draft: Path, home: Path) -> list[Entrant]:
 
 
 def post(e: Entrant, path: str, body: dict) -> tuple[dict, float]:
-    req = urllib.request.Request(f"http://127.0.0.1:{e.port}{path}", json.dumps(body).encode(),
-                                 {"Content-Type": "application/json"})
     t0 = time.perf_counter()
-    try:
-        with urllib.request.urlopen(req, timeout=600) as r:
-            out = json.loads(r.read())
-    except urllib.error.HTTPError as err:
-        raise SystemExit(f"{e.name} answered {err.code} to {path}: {err.read()[:300]!r}") from None
-    return out, time.perf_counter() - t0
+    status, _, raw = post_json(e.port, path, body, timeout=600)
+    if status != 200:
+        raise SystemExit(f"{e.name} answered {status} to {path}: {raw[:300]!r}")
+    return json.loads(raw), time.perf_counter() - t0
 
 
 def long_prompt(e: Entrant) -> str:
