@@ -139,10 +139,10 @@ class MissCost:
         self.replay += w * (replayed - self.replay)
 
     def saved(self, dt: float) -> None:
-        self.save_s = dt if self.save_s == 0 else self.save_s + 0.2 * (dt - self.save_s)
+        self.save_s = running(self.save_s, dt)
 
     def stepped(self, dt: float) -> None:
-        self.step_s = dt if self.step_s == 0 else self.step_s + 0.2 * (dt - self.step_s)
+        self.step_s = running(self.step_s, dt)
 
     def step_save_pays(self, reach: float) -> bool:
         """Whether a recurrent draft model saves its state before its next drafted token goes in, so that the rounds
@@ -151,3 +151,8 @@ class MissCost:
         at most STEP_SAVE_SHARE of a step (not on a GPU: a save crosses to the host there, a longer pass costs
         little)."""
         return 0 < self.save_s <= min(STEP_SAVE_SHARE, reach * REPLAY_SHARE) * self.step_s
+
+
+def running(avg: float, x: float, weight: float = 0.2) -> float:
+    """A running average that starts at its first sample (0: none yet)."""
+    return x if avg == 0 else avg + weight * (x - avg)
