@@ -109,6 +109,12 @@ def _masked(row: np.ndarray, grammar) -> np.ndarray:
     return masked
 
 
+# llama-cpp-python's converter lets a string hold raw control characters, which JSON forbids (a model's newline
+# inside a value would not parse); llama.cpp's own converter and json.gbnf exclude them, as here
+_LOOSE_CHAR = r'char ::= [^"\\] |'
+_JSON_CHAR = r'char ::= [^"\\\x7F\x00-\x1F] |'
+
+
 def schema_grammar(schema: dict) -> str:
     """A JSON schema as GBNF, by the converter llama.cpp ships (json-schema-to-grammar, as llama-server
     uses): the output then always parses and validates."""
@@ -118,10 +124,11 @@ def schema_grammar(schema: dict) -> str:
     if remote is not None:  # never fetched (a server must not reach out where a request points it)
         raise ConfigError(f"the JSON schema refers to {remote!r}; only local references (#/...) are supported")
     try:
-        return json_schema_to_gbnf(json.dumps(schema))
+        gbnf = json_schema_to_gbnf(json.dumps(schema))
     except (ValueError, KeyError, TypeError, AttributeError, AssertionError, RecursionError,
             NotImplementedError) as e:
         raise ConfigError(f"the JSON schema cannot be turned into a grammar ({type(e).__name__}: {e})") from None
+    return gbnf.replace(_LOOSE_CHAR, _JSON_CHAR)
 
 
 def _remote_ref(node, depth: int = 0):

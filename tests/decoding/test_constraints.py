@@ -101,6 +101,19 @@ def test_json_schema_grammar_validates():
         schema_grammar({"type": "object", "properties": {"n": {"$ref": "https://example.com/s.json"}}})
 
 
+def test_a_json_schema_string_never_holds_a_raw_control_character(perturbed):
+    """JSON forbids raw control characters in a string: a newline inside a value would not parse."""
+    m = perturbed.target_model
+    g = GrammarSampler(m, schema_grammar({"type": "object", "properties": {"s": {"type": "string"}}}))
+    try:
+        for t in m.tokenize('{"s": "a', add_special=False)[1:]:  # [0]: the tokenizer's leading space
+            g.accept(t)
+        allowed = {c: g.allows(m.tokenize(c, add_special=False)[-1]) for c in ("b", "\n", "\r", "\t", "\x7f")}
+    finally:
+        g.close()
+    assert allowed == {"b": True, "\n": False, "\r": False, "\t": False, "\x7f": False}
+
+
 @pytest.mark.realpair
 def test_real_pair_json_schema_and_logit_bias_are_exact_under_speculation(tmp_path, monkeypatch):
     from localspec.chat_format import Message
