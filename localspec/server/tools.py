@@ -65,9 +65,14 @@ def _choice(v, names: list[str]) -> str:
     return name
 
 
+def renders_tools(template: str | None) -> bool:
+    """Whether a chat template gives the model its tools (Ollama's "tools" capability)."""
+    return bool(template) and re.search(r"\btools\b", template) is not None
+
+
 def require_tools_template(template: str | None) -> None:
     """A template that never mentions tools would drop them silently: refuse instead."""
-    if not template or not re.search(r"\btools\b", template):
+    if not renders_tools(template):
         raise ApiError(400, "this model's chat template has no tools section, so it cannot be given tools; "
                             "use a model whose template renders them (e.g. Qwen2.5, Llama 3.1+, Hermes)")
 

@@ -192,7 +192,7 @@ def test_ollama_library_chat_generate_and_models(server):
     assert t.done
     assert client.list().models and client.ps().models[0].context_length == 1024
     shown = client.show("x")
-    assert "completion" in shown.capabilities and "insert" in shown.capabilities
+    assert shown.capabilities == ["completion", "tools", "insert"]
     assert any(k.endswith("context_length") for k in shown.modelinfo)
     assert httpx.get(server.url + "/").text == "Ollama is running"
     assert httpx.get(server.url + "/api/version").json()["version"][0].isdigit()

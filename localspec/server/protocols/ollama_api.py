@@ -26,7 +26,7 @@ from ..http import read_body, require_serving
 from ..request import ChatRequest, localspec_stats, open_chat
 from ..settings import LOCALSPEC_FIELDS, boolean, gen_settings, keep_alive_seconds, string
 from ..state import ServerState
-from ..tools import call_arguments, tool_request
+from ..tools import call_arguments, renders_tools, tool_request
 from .ollama_models import entry, loaded_entry
 
 VERSION = "0.12.6"  # the Ollama API level answered here (clients compare it against their minimum)
@@ -228,7 +228,8 @@ async def show(request: Request, state: ServerState) -> Response:
     info = {"general.architecture": arch, f"{arch}.context_length": n_ctx, "general.parameter_count": _param_count(meta)}
     return JSONResponse({"modelfile": f"# served by localspec: {e['name']}\n", "parameters": "", "template": template,
                          "details": e["details"], "model_info": info,
-                         "capabilities": ["completion", "tools"] + (["insert"] if fim else []),
+                         "capabilities": ["completion", *(["tools"] if renders_tools(template) else []),
+                                          *(["insert"] if fim else [])],
                          "modified_at": e["modified_at"], "model": name or e["name"]})
 
 
