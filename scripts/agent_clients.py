@@ -72,8 +72,9 @@ def schema():
     return "color" in json.loads(r.message.content), r.message.content
 def models():
     names = [m.model for m in c.list().models]
-    caps = c.show(names[0]).capabilities
-    return bool(names) and "tools" in caps, f"{names}: {caps}"
+    shown = c.show(names[0])
+    caps = shown.capabilities  # "tools" where the template renders them
+    return bool(names) and "completion" in caps and ("tools" in caps) == ("tools" in shown.template), f"{names}: {caps}"
 check("chat", chat); check("chat streamed", stream); check("generate with suffix (FIM)", fim)
 check("tool call", tools); check("format: a JSON schema", schema); check("list, show", models)
 '''
