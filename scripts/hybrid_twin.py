@@ -2,9 +2,10 @@
 weights, quantized to Q4_K_M. Pass costs, rollback costs and a conversation's turn latency depend on the
 shapes alone, so a twin measures them where the release cannot be downloaded; its text is noise.
 
-  scripts/hybrid-twin OUT.gguf [--model qwen3.5-0.8b] [--perturbed DRAFT.gguf] [--nextn 1]
+  scripts/hybrid-twin OUT.gguf [--model qwen3.5-0.8b] [--perturbed DRAFT.gguf [--noise 0.3]] [--nextn 1]
 
---perturbed also writes the same weights plus noise (a draft that agrees with the twin part of the time);
+--perturbed also writes the same weights plus noise (a draft that agrees with the twin part of the time: the
+more --noise, the less; docs/RECURRENT.md gives the acceptance of each);
 --nextn adds that many NextN (MTP) blocks, as the released files carry one.
 The sizes are those of the model's published config.json (hidden size, layers, heads, linear-attention
 heads, every fourth layer full attention).
@@ -41,11 +42,12 @@ def main() -> int:
     ap.add_argument("out", type=Path)
     ap.add_argument("--model", default="qwen3.5-0.8b", choices=sorted(MODELS))
     ap.add_argument("--perturbed", type=Path, help="also write a perturbed copy (a draft) here")
+    ap.add_argument("--noise", type=float, default=0.3, help="the perturbed copy's noise (default 0.3)")
     ap.add_argument("--nextn", type=int, default=0, help="NextN (MTP) blocks after the main layers")
     a = ap.parse_args()
     dims = {**MODELS[a.model], "file_type": 1}  # F16 tensors, then Q4_K_M
     with tempfile.TemporaryDirectory(dir=a.out.parent) as tmp:
-        for out, perturb in ((a.out, 0.0), (a.perturbed, 0.3)):
+        for out, perturb in ((a.out, 0.0), (a.perturbed, a.noise)):
             if out is None:
                 continue
             f16 = Path(tmp) / "twin-f16.gguf"

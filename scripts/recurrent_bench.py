@@ -4,7 +4,8 @@ Each architecture (a llama control, mamba, lfm2, qwen35) gets a target and a per
 the `gguf` package (scripts/harness/tinyarch.py); every figure is measured in this process, side by side:
 
   spec    greedy --spec on (the draft model, k=4) against --spec off, 64 tokens after a 61- and a
-          1,929-token prompt: generation seconds, their ratio, acceptance, texts equal, fallbacks
+          1,929-token prompt: generation seconds, their ratio, the whole request's ratio (the prompt's
+          pass too, what a `localspec run` waits for), acceptance, texts equal, fallbacks
   miss    a rejected tail (a 5-token verify pass keeping 2) rolled back at 100 and at 4,000 tokens (ms)
   turns   a 10-turn conversation, ~100 new tokens a turn: each turn's prompt seconds (first token)
   prefix  a second prompt sharing a 1k-token prefix: its prompt seconds against the first's
@@ -71,19 +72,21 @@ def bench_spec(e: Engine, reps: int) -> list[dict]:
         no_end = {t: -100.0 for t in e.target_model.eog_tokens()}  # 64 tokens every time
         off = GenConfig(temperature=0.0, spec="off", max_tokens=64, logit_bias=no_end)
         on = off.with_(spec="on", drafter="model", draft_max=4)
-        t = {"off": [], "cold": [], "warm": []}
+        t = {"off": [], "cold": [], "warm": []}  # each: (generation, the whole request: its prompt's pass too)
         same, st_on = True, None
         for _ in range(reps):
             a, st = generate(e, p, off)
-            t["off"].append(st.generation_s)
+            t["off"].append((st.generation_s, st.generation_s + st.prompt_eval_s))
             b, st_on = generate(e, p, on)
-            t["cold"].append(st_on.generation_s)
+            t["cold"].append((st_on.generation_s, st_on.generation_s + st_on.prompt_eval_s))
             c, st_on = generate(e, p, on, cold=False)
-            t["warm"].append(st_on.generation_s)
+            t["warm"].append((st_on.generation_s, st_on.generation_s + st_on.prompt_eval_s))
             same = same and a == b == c
-        med = {k: statistics.median(v) for k, v in t.items()}
+        med = {k: statistics.median(g for g, _ in v) for k, v in t.items()}
+        whole = {k: statistics.median(w for _, w in v) for k, v in t.items()}
         rows.append({"prompt": n, "off_s": med["off"], "on_cold_s": med["cold"], "on_warm_s": med["warm"],
                      "ratio_cold": med["cold"] / med["off"], "ratio_warm": med["warm"] / med["off"],
+                     "whole_ratio_cold": whole["cold"] / whole["off"], "whole_ratio_warm": whole["warm"] / whole["off"],
                      "acceptance": round(st_on.acceptance_rate, 2), "same_text": same,
                      "fallbacks": getattr(getattr(e.target, "miss", None), "fallbacks", None)})
     return rows
