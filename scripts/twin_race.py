@@ -8,7 +8,7 @@
 Every request goes to both servers in turn, the order alternating, once both have been quiet a moment;
 temperature 0.
 
-  scripts/twin-race TWIN.gguf [--draft DRAFT.gguf] [--only turns,spec] [--json OUT]
+  scripts/twin-race TWIN.gguf [--draft DRAFT.gguf [--spec on|auto] [-k 4]] [--only turns,spec] [--json OUT]
 """
 import argparse  # noqa: E402
 import json  # noqa: E402
@@ -27,8 +27,8 @@ from harness.serverproc import ServerProcess  # noqa: E402
 WORDS = "the cache model token draft target fast slow read write data line value list code file".split()
 
 
-def start(model: Path, draft: Path | None, work: Path, ctx: int, k: int = 4) -> list[Entrant]:
-    spec = ["--draft", str(draft), "--spec", "on", "-k", str(k)] if draft else ["--spec", "off"]
+def start(model: Path, draft: Path | None, work: Path, ctx: int, k: int = 4, mode: str = "on") -> list[Entrant]:
+    spec = ["--draft", str(draft), "--spec", mode, "-k", str(k)] if draft else ["--spec", "off"]
     ls = ServerProcess(["--target", str(model), "-c", str(ctx), *spec], work / "localspec", wait=False)
     ls.wait_ready(timeout=600)
     binary = llamacpp_tools.build("llama-server")
@@ -88,6 +88,8 @@ def main() -> int:
     ap.add_argument("--only", default="turns,spec")
     ap.add_argument("--ctx", type=int, default=8192)
     ap.add_argument("-k", type=int, default=4, help="tokens drafted a round at most, both servers (default 4)")
+    ap.add_argument("--spec", default="on", choices=("on", "auto"),
+                    help="localspec's speculation with the draft: on (every round, as llama-server's) or auto")
     ap.add_argument("--json", type=Path)
     a = ap.parse_args()
     only = set(a.only.split(","))
@@ -103,7 +105,7 @@ def main() -> int:
                 for s in servers:
                     s.stop()
         if "spec" in only and a.draft:
-            servers = start(a.model, a.draft, Path(tmp) / "spec", a.ctx, a.k)
+            servers = start(a.model, a.draft, Path(tmp) / "spec", a.ctx, a.k, a.spec)
             try:
                 result["spec"] = spec(servers)
             finally:
