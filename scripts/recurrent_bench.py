@@ -29,11 +29,11 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 
 from harness.tinyarch import build_tiny_arch  # noqa: E402
+from harness.tinygguf import PROMPT_WORDS as WORDS  # noqa: E402
 from harness.tinygguf import build_tiny_model  # noqa: E402
 from localspec.config import GenConfig, LoadConfig  # noqa: E402
 from localspec.engine import Engine  # noqa: E402
 
-WORDS = "the cache model token draft target fast slow read write data line value list code file".split()
 PERTURB = {"llama": 0.1, "mamba": 0.15, "lfm2": 0.1, "qwen35": 0.15}  # about 40% acceptance each
 
 
@@ -75,13 +75,12 @@ def bench_spec(e: Engine, reps: int) -> list[dict]:
         t = {"off": [], "cold": [], "warm": []}  # each: (generation, the whole request: its prompt's pass too)
         same, st_on = True, None
         for _ in range(reps):
-            a, st = generate(e, p, off)
-            t["off"].append((st.generation_s, st.generation_s + st.prompt_eval_s))
-            b, st_on = generate(e, p, on)
-            t["cold"].append((st_on.generation_s, st_on.generation_s + st_on.prompt_eval_s))
-            c, st_on = generate(e, p, on, cold=False)
-            t["warm"].append((st_on.generation_s, st_on.generation_s + st_on.prompt_eval_s))
-            same = same and a == b == c
+            texts = []
+            for name, cfg, cold in (("off", off, True), ("cold", on, True), ("warm", on, False)):
+                toks, st_on = generate(e, p, cfg, cold)
+                t[name].append((st_on.generation_s, st_on.generation_s + st_on.prompt_eval_s))
+                texts.append(toks)
+            same = same and texts[0] == texts[1] == texts[2]
         med = {k: statistics.median(g for g, _ in v) for k, v in t.items()}
         whole = {k: statistics.median(w for _, w in v) for k, v in t.items()}
         rows.append({"prompt": n, "off_s": med["off"], "on_cold_s": med["cold"], "on_warm_s": med["warm"],

@@ -15,8 +15,8 @@ from race import Entrant, wait_quiet
 from harness import llamacpp_tools
 from harness.faults import post_json
 from harness.serverproc import ServerProcess
+from harness.tinygguf import PROMPT_WORDS as WORDS
 
-WORDS = "the cache model token draft target fast slow read write data line value list code file".split()
 PROMPT_TOKENS = 1929
 
 

@@ -23,8 +23,7 @@ from race_followup import ask_streamed  # noqa: E402
 
 from harness import llamacpp_tools  # noqa: E402
 from harness.serverproc import ServerProcess  # noqa: E402
-
-WORDS = "the cache model token draft target fast slow read write data line value list code file".split()
+from harness.tinygguf import PROMPT_WORDS as WORDS  # noqa: E402
 
 
 def start(model: Path, draft: Path | None, work: Path, ctx: int, k: int = 4, mode: str = "on") -> list[Entrant]:

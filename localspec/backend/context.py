@@ -260,7 +260,7 @@ class Context:
             return n
         if owed:  # evaluated again with the next pass
             toks.extend(owed)
-            self._owed[seq] = owed[:]
+            self._owed[seq] = owed
             self.seq_cuts[seq].truncate(n)
             self.seq_cuts[seq].dirty(p)  # rows after p come from another pass than before
         return n - p

@@ -35,6 +35,8 @@ WORDS = [
     "line", "value", "list", "for", "in", "if", "else", "and", "or", "not", "is", "to", "of",
     "it", "on", "with", "as", "by", "at", "haiku", "about", "caches", "function", "parse", "csv",
 ]
+# words of that vocabulary the benchmarks build their prompts from (the shape twins share the vocabulary)
+PROMPT_WORDS = "the cache model token draft target fast slow read write data line value list code file".split()
 
 
 FIM_TOKENS = {"pre": "<|fim_prefix|>", "suf": "<|fim_suffix|>", "mid": "<|fim_middle|>", "pad": "<|fim_pad|>",
