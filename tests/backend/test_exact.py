@@ -58,11 +58,13 @@ def test_exact_speculation_has_plain_decodings_bits_where_default_kernels_part(f
         assert ex["on_drafted"] > 100 and ex["on"] == ex["off"]
 
 
-def test_exact_refuses_kernels_that_are_not_batch_invariant(tiny):
-    """The tiny F16 model runs through llama.cpp's llamafile kernels from two rows: measured, refused in one line."""
-    r = subprocess.run([sys.executable, "-m", "localspec", "run", "--target", str(tiny.target), "--exact",
+def test_exact_refuses_kernels_that_are_not_batch_invariant(tmp_path):
+    """A tiny F16 model runs through llama.cpp's llamafile kernels from two rows: measured, refused in one line.
+    128 wide: at the tiny models' 64 an AVX2 CPU's vector kernels happen to sum a row as the batched kernel does."""
+    build_tiny_model(tmp_path / "target.gguf", seed=0, width=128)
+    r = subprocess.run([sys.executable, "-m", "localspec", "run", "--target", str(tmp_path / "target.gguf"), "--exact",
                         "-t", "1", "-n", "4", "hello"], capture_output=True, text=True, timeout=120,
-                       env={**os.environ, "LOCALSPEC_HOME": str(tiny.dir / "home-exact")})
+                       env={**os.environ, "LOCALSPEC_HOME": str(tmp_path / "home-exact")})
     assert r.returncode == 2 and r.stdout == ""
     assert r.stderr.startswith("error: --exact: a batched row of target.gguf differs from a single-token decode by ")
     assert r.stderr.endswith("(it needs K-quant weights (Q4_K_M, Q5_K_M, Q6_K) and a process that had not decoded "
