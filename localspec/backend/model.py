@@ -221,10 +221,12 @@ def amx_kernel_avoided() -> bool:
 
 
 def system_info() -> dict:
+    from .devices import has_gpu_device
+
     L = llama()
     return {
         "llama_cpp_python": getattr(L, "__version__", "?"),
-        "gpu_offload": bool(L.llama_supports_gpu_offload()),
+        "gpu_offload": bool(L.llama_supports_gpu_offload()) and has_gpu_device(),
         "rpc": bool(L.llama_supports_rpc()),
         "system_info": (L.llama_print_system_info() or b"").decode(errors="replace").strip(),
     }

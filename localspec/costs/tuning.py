@@ -37,6 +37,10 @@ def profile_key(engine) -> str:
         "llama_cpp_python": info["llama_cpp_python"],
         "curve": CURVE_VERSION,
     }
+    if device == "gpu":  # which card: a data root carried to another machine measures again
+        from ..backend.devices import gpu_devices
+
+        parts["gpus"] = [d["description"] for d in gpu_devices()]
     if engine.flash_attn != "auto":  # other pass costs; profiles measured before the flag keep their key
         parts["flash_attn"] = engine.flash_attn
     if load.exact:  # other kernels, other costs
