@@ -14,10 +14,12 @@ import sys
 import tempfile
 from pathlib import Path
 
+from localspec.backends import probe
 from localspec.machine import llama_cmake_args  # llama.cpp built as localspec's own is (no AMX kernel where it crashes)
 
 CACHE = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "localspec"
-BACKEND_FLAGS = {"cpu": [], "cuda": ["-DGGML_CUDA=ON"], "vulkan": ["-DGGML_VULKAN=ON"], "metal": ["-DGGML_METAL=ON"]}
+BACKEND_FLAGS = {"cpu": [], "cuda": ["-DGGML_CUDA=ON"], "vulkan": ["-DGGML_VULKAN=ON"], "metal": ["-DGGML_METAL=ON"],
+                 "hip": ["-DGGML_HIP=ON"]}
 
 
 def sdist_version() -> str:
@@ -41,8 +43,11 @@ def build(target: str, backend: str = "cpu") -> Path:
         shutil.copytree(next(tmp.glob("llama_cpp_python-*")) / "vendor" / "llama.cpp", out, symlinks=True)
         shutil.rmtree(tmp, ignore_errors=True)
     print(f"building {target} ({backend}) once; several minutes", file=sys.stderr)
+    flags = list(BACKEND_FLAGS[backend])
+    if backend == "cuda" and (arch := probe().cuda_arch):  # the card's architecture alone, as the set-up builds it
+        flags.append(f"-DCMAKE_CUDA_ARCHITECTURES={arch}")
     subprocess.run(["cmake", "-B", "build", "-DCMAKE_BUILD_TYPE=Release", "-DLLAMA_CURL=OFF", "-DLLAMA_BUILD_TESTS=OFF",
-                    *BACKEND_FLAGS[backend], *shlex.split(llama_cmake_args())], cwd=out, check=True,
+                    *flags, *shlex.split(llama_cmake_args())], cwd=out, check=True,
                    stdout=subprocess.DEVNULL)
     subprocess.run(["cmake", "--build", "build", "--target", target, "-j", str(os.cpu_count() or 2)],
                    cwd=out, check=True, stdout=subprocess.DEVNULL)
