@@ -70,8 +70,11 @@ class LoadConfig:
     n_threads: int = field(default_factory=default_threads)  # decode threads (all cores, see above)
     n_threads_batch: int = field(default_factory=default_threads)  # prompt/verify threads
     adapt_threads: bool = True  # fewer threads while other processes hold the cores (costs/threads.py); -t N fixes them
-    n_gpu_layers_target: int = -1  # -1 = offload every layer when a GPU backend is compiled in
-    n_gpu_layers_draft: int = -1  # same for the draft
+    # -1: fitted to the GPU's free memory at load (session.place_on_device: every layer where they fit); the
+    # numbers the load used replace it. Without a GPU backend, nothing is offloaded whatever the number.
+    n_gpu_layers_target: int = -1
+    n_gpu_layers_draft: int = -1  # same for the draft: whole on the GPU, or on the CPU
+    placement: str = ""  # what the fit chose, in a line for the load's notes ("" where nothing was fitted)
     # Memory-mapped load, with the file's pages released as llama.cpp finishes with them (backend.py):
     # llama.cpp repacks Q4 weights for the CPU into a second buffer, and the mapped originals would
     # otherwise stay resident too (docs/BENCHMARKS.md, "Start-up and memory": the lowest peak, as fast as plain mmap).

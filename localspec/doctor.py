@@ -16,17 +16,13 @@ from pathlib import Path
 from typing import Any
 
 from . import __version__, paths
+from .backends import CMAKE_FLAGS, with_rpc
 from .errors import LocalspecError
 from .machine import AMX_NOTE, memory_bytes
 
 REINSTALL_TAIL = "pip install --force-reinstall --no-cache-dir llama-cpp-python"
-REINSTALL_COMMANDS = {
-    "cpu": REINSTALL_TAIL,
-    "cuda": f'CMAKE_ARGS="-DGGML_CUDA=on" {REINSTALL_TAIL}',
-    "metal": f'CMAKE_ARGS="-DGGML_METAL=on" {REINSTALL_TAIL}',
-    "vulkan": f'CMAKE_ARGS="-DGGML_VULKAN=on" {REINSTALL_TAIL}',
-    "rpc": f'CMAKE_ARGS="-DGGML_RPC=on" {REINSTALL_TAIL}',
-}
+# every backend with RPC client support, as the set-up builds it (backends.py)
+REINSTALL_COMMANDS = {name: f'CMAKE_ARGS="{with_rpc(flags)}" {REINSTALL_TAIL}' for name, flags in CMAKE_FLAGS.items()}
 # Names a backend goes by in llama_print_system_info() and in its shared library's file name
 BACKEND_MARKERS = {
     "cuda": ("CUDA",), "metal": ("METAL", "MTL"), "vulkan": ("VULKAN",), "rpc": ("RPC",),
@@ -54,44 +50,6 @@ def backends_from_libraries(lib_dir: Path) -> list[str]:
             if any(f"ggml-{m.lower()}." in n for m in markers for n in names)]
 
 
-def ggml_registry(lib_dir: Path) -> dict[str, Any]:
-    """Backends and devices from ggml's own registry (libggml exports it; llama-cpp-python does not wrap
-    it). The library is already loaded by llama_cpp, so this opens the same copy. {} when unavailable."""
-    import ctypes
-
-    candidates = [lib_dir / n for n in ("libggml.so", "libggml.dylib", "ggml.dll")]
-    path = next((p for p in candidates if p.exists()), None)
-    if path is None:
-        return {}
-    try:
-        lib = ctypes.CDLL(str(path))
-        lib.ggml_backend_reg_count.restype = ctypes.c_size_t
-        lib.ggml_backend_reg_get.restype = ctypes.c_void_p
-        lib.ggml_backend_reg_get.argtypes = [ctypes.c_size_t]
-        lib.ggml_backend_reg_name.restype = ctypes.c_char_p
-        lib.ggml_backend_reg_name.argtypes = [ctypes.c_void_p]
-        lib.ggml_backend_dev_count.restype = ctypes.c_size_t
-        lib.ggml_backend_dev_get.restype = ctypes.c_void_p
-        lib.ggml_backend_dev_get.argtypes = [ctypes.c_size_t]
-        for fn in (lib.ggml_backend_dev_name, lib.ggml_backend_dev_description):
-            fn.restype, fn.argtypes = ctypes.c_char_p, [ctypes.c_void_p]
-        size_p = ctypes.POINTER(ctypes.c_size_t)
-        lib.ggml_backend_dev_memory.argtypes = [ctypes.c_void_p, size_p, size_p]
-        regs = [lib.ggml_backend_reg_name(lib.ggml_backend_reg_get(i)).decode()
-                for i in range(lib.ggml_backend_reg_count())]
-        devices = []
-        for i in range(lib.ggml_backend_dev_count()):
-            dev = lib.ggml_backend_dev_get(i)
-            free, total = ctypes.c_size_t(), ctypes.c_size_t()
-            lib.ggml_backend_dev_memory(dev, ctypes.byref(free), ctypes.byref(total))
-            devices.append({"name": lib.ggml_backend_dev_name(dev).decode(),
-                            "description": lib.ggml_backend_dev_description(dev).decode(),
-                            "memory_free": free.value, "memory_total": total.value})
-    except (OSError, AttributeError):  # an older ggml without the registry API
-        return {}
-    return {"registered": regs, "devices": devices}
-
-
 def llama_build_info() -> dict[str, Any]:
     try:
         import llama_cpp
@@ -99,6 +57,8 @@ def llama_build_info() -> dict[str, Any]:
         return {"importable": False, "error": f"{type(e).__name__}: {e}".splitlines()[0]}
     info_raw = llama_cpp.llama_print_system_info()
     system_info = info_raw.decode("utf-8", "replace") if isinstance(info_raw, bytes) else str(info_raw)
+    from .backend.devices import ggml_registry
+
     lib_dir = Path(llama_cpp.__file__).parent / "lib"
     registry = ggml_registry(lib_dir)
     from_registry = backends_from_system_info(" ".join(f"{name} :" for name in registry.get("registered", [])))
@@ -116,13 +76,27 @@ def llama_build_info() -> dict[str, Any]:
         "library_dir": str(lib_dir),
         "compiled_backend": gpu[0] if gpu else "cpu",
         "backends": ["cpu", *backends],
-        "gpu_offload": supports("llama_supports_gpu_offload"),
+        # a GPU to offload to: llama.cpp's own answer is yes for any build with RPC client support
+        "gpu_offload": bool(supports("llama_supports_gpu_offload"))
+        and any(d["type"] in ("gpu", "igpu") for d in registry.get("devices", [])),
         "rpc": supports("llama_supports_rpc"),
         "mmap": supports("llama_supports_mmap"),
         "max_devices": int(llama_cpp.llama_max_devices()) if hasattr(llama_cpp, "llama_max_devices") else None,
         "devices": registry.get("devices", []),
         "system_info": system_info.strip(),
     }
+
+
+def setup_choice() -> dict[str, str]:
+    """What scripts/bootstrap would build on this machine now, and why (backends.py)."""
+    from .backends import choose, probe, rebuild_command
+
+    try:
+        plan = choose(probe(), os.environ.get("CMAKE_ARGS", ""), os.environ.get("LOCALSPEC_BACKEND", ""))
+    except ValueError as e:
+        return {"backend": "?", "why": str(e), "command": ""}
+    return {"backend": plan.backend, "why": plan.why, "cmake_args": plan.cmake_args,
+            "command": rebuild_command(plan.backend)}
 
 
 def visible_gpu_hardware() -> list[str]:
@@ -154,10 +128,11 @@ def advice(report: dict[str, Any]) -> list[str]:
     if not build["importable"]:
         out.append(f"llama-cpp-python does not import; reinstall it: {REINSTALL_COMMANDS['cpu']}")
     else:
-        for hw in report["gpu_hardware"]:
-            if hw not in build["backends"]:
-                out.append(f"a {hw.upper()} GPU is visible but this llama.cpp build has no {hw} backend: "
-                           f"{REINSTALL_COMMANDS[hw]}")
+        choice = report["setup_choice"]
+        if choice["backend"] in REINSTALL_COMMANDS and choice["backend"] not in build["backends"]:
+            out.append(f"this machine has {choice['why']}, but this llama-cpp-python is built for "
+                       f"{build['compiled_backend']}: `{choice['command']}` in a checkout, or "
+                       f"{REINSTALL_COMMANDS[choice['backend']]}")
         from .backend.model import amx_kernel_avoided
 
         if amx_kernel_avoided():
@@ -235,6 +210,7 @@ def collect() -> dict[str, Any]:
         "profiles": profile_shape_checks(),
         "measurements": measurements(),
         "reinstall": dict(REINSTALL_COMMANDS),
+        "setup_choice": setup_choice(),
     }
     report["advice"] = advice(report)
     return report
@@ -250,7 +226,7 @@ def placement(choice) -> dict[str, Any]:
         engine = session.engine
         engine.load_draft()
         out = {"target": {"path": session.selection.target, "n_gpu_layers": session.load.n_gpu_layers_target,
-                          "placement": engine.target_model.placement}}
+                          "placement": engine.target_model.placement}, "fit": session.load.placement}
         if engine.draft_model is not None:
             out["draft"] = {"path": session.selection.draft, "n_gpu_layers": session.load.n_gpu_layers_draft,
                             "placement": engine.draft_model.placement}
@@ -281,7 +257,8 @@ def format_report(r: dict[str, Any]) -> str:
                   f"(compiled: {', '.join(b['backends'])}); GPU offload: {_yes(b['gpu_offload'])}; "
                   f"RPC: {_yes(b['rpc'])}",
                   f"system info: {b['system_info']}"]
-        lines += [f"device {d['name']}: {d['description']}, {gb(d['memory_total'])} memory" for d in b["devices"]]
+        lines += [f"device {d['name']}: {d['description']} ({d.get('type', '?')}), {gb(d['memory_free'])} free of "
+                  f"{gb(d['memory_total'])}" for d in b["devices"]]
     else:
         lines.append(f"llama-cpp-python: not importable ({b['error']})")
     pair = r["default_pair"]
@@ -299,10 +276,16 @@ def format_report(r: dict[str, Any]) -> str:
         why = f" ({s['why']}; again in {s['retry_in_s']:.0f} s)" if s["state"] == "waiting" else \
             f" ({s['why']})" if s["why"] else ""
         lines.append(f"the server at {s['address']}: measurement {s['state']}{why}, {s['measured_s']:.0f} s spent")
-    lines.append("reinstall llama-cpp-python with a GPU backend:")
+    c = r["setup_choice"]
+    lines.append(f"the set-up builds for this machine: {c['backend']} ({c['why']}); in a checkout, another backend: "
+                 "LOCALSPEC_BACKEND=cpu|cuda|metal|vulkan|hip scripts/bootstrap")
+    lines.append("reinstall llama-cpp-python with another backend (each with RPC client support):")
     lines += [f"  {name:<6} {cmd}" for name, cmd in r["reinstall"].items()]
     lines += [f"note: {a}" for a in r["advice"]]
     for role, m in (r.get("loaded") or {}).items():
+        if role == "fit":
+            lines.append(m or "placement: not fitted (no GPU device, or -ngl given)")
+            continue
         lines.append(f"loaded {role} {Path(m['path']).name} (n_gpu_layers {m['n_gpu_layers']}):")
         lines += [f"  {line}" for line in m["placement"]] or ["  (llama.cpp said nothing: LOCALSPEC_DEBUG=1 shows its log)"]
     return "\n".join(lines)

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Iterator, Protocol
 
+from .backends import software_device
 from .config import GenConfig, LoadConfig
 from .errors import ConfigError
 from .machine import AMX_NOTE
@@ -121,7 +122,36 @@ def load_config(choice: ModelChoice, sel: Selection) -> LoadConfig:
         load.n_gpu_layers_target = load.n_gpu_layers_draft = choice.n_gpu_layers
     if choice.n_gpu_layers_draft is not None:
         load.n_gpu_layers_draft = choice.n_gpu_layers_draft
+    place_on_device(load, sel, ctx_given=bool(choice.ctx_size))
     return load
+
+
+def place_on_device(load: LoadConfig, sel: Selection, ctx_given: bool) -> None:
+    """Where the layers were left to localspec (-1, no RPC hosts) and a GPU is there: fit the pair to its free
+    memory as llama-server's --fit does (models/placement.py); the user's -ngl, -ngld and -c stay as given."""
+    if load.n_gpu_layers_target != -1 or load.rpc_servers:
+        return
+    from .backend import system_info
+    from .backend.devices import gpu_devices
+    from .machine import memory_bytes
+    from .models.gguf_header import read_layout_file
+    from .models.placement import FIT_MARGIN, fit_pair, shape_of
+
+    gpus = [d for d in gpu_devices() if not software_device(d["description"])] if system_info()["gpu_offload"] else []
+    if not gpus:
+        load.n_gpu_layers_target = load.n_gpu_layers_draft = 0 if system_info()["gpu_offload"] else -1
+        return
+    target = shape_of(read_layout_file(sel.target))
+    draft = shape_of(read_layout_file(sel.draft)) if sel.draft else None
+    draft_fixed = None if load.n_gpu_layers_draft == -1 else load.n_gpu_layers_draft != 0  # -ngld N: kept
+    free = sum(d["memory_free"] for d in gpus) - FIT_MARGIN * (len(gpus) - 1)  # fit_pair leaves the last margin
+    p = fit_pair(target, draft, free, load.n_ctx, ctx_given, memory_bytes()["total"], draft_fixed)
+    if not p.fits:
+        raise ConfigError(p.why)
+    load.n_gpu_layers_target, load.n_ctx = p.target_layers, p.n_ctx
+    if draft is not None and draft_fixed is None:
+        load.n_gpu_layers_draft = p.draft_layers
+    load.placement = "placement: " + p.describe(target, draft)
 
 
 def fit_context(sel: Selection, ceiling: int, room: int | None = None) -> int:
@@ -303,7 +333,8 @@ class Session:
             prefetch(sel.target)  # two streams would only compete: slower cold: docs/BENCHMARKS.md)
         engine = open_engine(sel, load, notify, engine_class)
         follow_recent_load(engine)
-        return cls(sel, cfg, load, engine, gen.system, load_notes(models) + [n for n in [engine.template_note()] if n])
+        notes = load_notes(models) + [n for n in [engine.template_note(), load.placement] if n]
+        return cls(sel, cfg, load, engine, gen.system, notes)
 
     def ensure_profile(self, notify: Notify | None = None, spec: str | None = None, measure: bool = True):
         return ensure_profile(self.engine, spec or self.gen.spec, notify, measure=measure)

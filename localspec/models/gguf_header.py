@@ -42,6 +42,8 @@ _SCALAR_FORMATS = {
 
 # The arrays worth keeping; all others (merges, scores, token types) are skipped over, only counted.
 KEPT_ARRAYS = frozenset({"tokenizer.ggml.tokens"})
+# per-layer hyperparameters a hybrid's header gives as arrays (0 KV heads: a recurrent layer); kept, they are small
+KEPT_ARRAY_SUFFIXES = (".attention.head_count_kv", ".attention.head_count")
 
 # tokenizer.ggml.model -> llama.cpp's vocab type name (llama-vocab.cpp, llama_vocab::impl::load)
 VOCAB_TYPES = {"llama": "spm", "gpt2": "bpe", "bert": "wpm", "t5": "ugm", "rwkv": "rwkv",
@@ -69,6 +71,31 @@ class SkippedArray:
     count: int
 
 
+@dataclass(frozen=True)
+class TensorInfo:
+    name: str
+    shape: tuple[int, ...]
+    ggml_type: int
+    offset: int = 0  # where its data starts, from the start of the data section
+
+    @property
+    def n_bytes(self) -> int:
+        block, size = GGML_TYPE_SIZES.get(self.ggml_type, (1, 4))  # an unknown type priced as f32
+        n = 1
+        for d in self.shape:
+            n *= d
+        return n // block * size
+
+
+# ggml type id -> (elements per block, bytes per block): ggml.c's type_traits
+GGML_TYPE_SIZES = {0: (1, 4), 1: (1, 2), 2: (32, 18), 3: (32, 20), 6: (32, 22), 7: (32, 24), 8: (32, 34),
+                   9: (32, 36), 10: (256, 84), 11: (256, 110), 12: (256, 144), 13: (256, 176), 14: (256, 210),
+                   15: (256, 292), 16: (256, 66), 17: (256, 74), 18: (256, 98), 19: (256, 50), 20: (32, 18),
+                   21: (256, 110), 22: (256, 82), 23: (256, 136), 24: (1, 1), 25: (1, 2), 26: (1, 4), 27: (1, 8),
+                   28: (1, 8), 29: (256, 56), 30: (1, 2), 34: (256, 54), 35: (256, 66), 39: (32, 17)}
+MAX_TENSOR_DIMS = 4
+
+
 @dataclass
 class GgufHeader:
     version: int
@@ -76,6 +103,8 @@ class GgufHeader:
     metadata: dict[str, Any]
     header_bytes: int  # offset where the key/value section ends (the tensor descriptions start)
     bytes_read: int  # bytes actually taken from the file object (whole read chunks)
+    tensors: list[TensorInfo] | None = None  # read only when asked for (read_layout_file)
+    data_start: int = 0  # with the tensors: the file offset of the data section (aligned)
 
     def get(self, key: str, default: Any = None) -> Any:
         return self.metadata.get(key, default)
@@ -169,7 +198,7 @@ def _read_value(r: _ChunkReader, vtype: int, key: str) -> Any:
         count = r.unpack("<Q", 8)
         if count > MAX_ARRAY_ITEMS:
             raise GgufHeaderError(f"{r.where} has a corrupt header ({count} items in {key}); download it again")
-        if key in KEPT_ARRAYS:
+        if key in KEPT_ARRAYS or (key.endswith(KEPT_ARRAY_SUFFIXES) and item_type in _SCALAR_FORMATS and count <= 4096):
             return [_read_value(r, item_type, key) for _ in range(count)]
         if item_type == STRING:
             r.skip_strings(count)
@@ -186,8 +215,9 @@ def _read_value(r: _ChunkReader, vtype: int, key: str) -> Any:
     return r.unpack(fmt, struct.calcsize(fmt))
 
 
-def read_header(f: BinaryIO, where: str = "the file") -> GgufHeader:
-    """Parse magic, version, counts and every key/value; stop before the tensor descriptions."""
+def read_header(f: BinaryIO, where: str = "the file", tensors: bool = False) -> GgufHeader:
+    """Parse magic, version, counts and every key/value; stop before the tensor descriptions (or, with
+    `tensors`, after them: names, shapes and types, still no weights)."""
     r = _ChunkReader(f, where)
     version = _read_preamble(r, where)
     n_tensors = r.unpack("<Q", 8)
@@ -199,7 +229,22 @@ def read_header(f: BinaryIO, where: str = "the file") -> GgufHeader:
         key = r.string()
         vtype = r.unpack("<I", 4)
         metadata[key] = _read_value(r, vtype, key)
-    return GgufHeader(version, n_tensors, metadata, header_bytes=r.offset, bytes_read=r.bytes_read)
+    header_bytes = r.offset
+    infos = [_read_tensor_info(r, where) for _ in range(n_tensors)] if tensors else None
+    align = int(metadata.get("general.alignment", 32) or 32)
+    data_start = -(-r.offset // align) * align if tensors else 0
+    return GgufHeader(version, n_tensors, metadata, header_bytes=header_bytes, bytes_read=r.bytes_read, tensors=infos,
+                      data_start=data_start)
+
+
+def _read_tensor_info(r: _ChunkReader, where: str) -> TensorInfo:
+    name = r.string()
+    n_dims = r.unpack("<I", 4)
+    if n_dims > MAX_TENSOR_DIMS:
+        raise GgufHeaderError(f"{where} has a corrupt header ({n_dims} dimensions in {name}); download it again")
+    shape = tuple(r.unpack("<Q", 8) for _ in range(n_dims))
+    ggml_type = r.unpack("<I", 4)
+    return TensorInfo(name, shape, ggml_type, r.unpack("<Q", 8))
 
 
 def _read_preamble(r: _ChunkReader, where: str) -> int:
@@ -254,9 +299,19 @@ def read_header_file(path: str | os.PathLike) -> GgufHeader:
 
 
 @functools.lru_cache(maxsize=64)
-def _read_header_once(path: str, size: int, mtime_ns: int) -> GgufHeader:
+def _read_header_once(path: str, size: int, mtime_ns: int, tensors: bool = False) -> GgufHeader:
     with open(path, "rb") as f:
-        return read_header(f, path)
+        return read_header(f, path, tensors=tensors)
+
+
+def read_layout_file(path: str | os.PathLike) -> GgufHeader:
+    """The header with its tensor descriptions (what placement.py sizes a load by), cached as read_header_file."""
+    path = Path(path)
+    try:
+        st = path.stat()
+    except FileNotFoundError:
+        raise GgufHeaderError(f"model file not found: {path}") from None
+    return _read_header_once(str(path), st.st_size, st.st_mtime_ns, True)
 
 
 def require_language_model(header: GgufHeader, where: str) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from ..machine import memory_bytes
 from .gguf_header import read_header_file
+from .placement import kv_per_token
 
 SERVE_CTX_FIT = 32768  # a server's context without -c: Claude Code's first prompt alone is ~19k tokens
 KV_MEMORY_SHARE = 0.25  # of the memory available at start, at most this for the KV caches a fitted context takes
@@ -16,10 +17,7 @@ def kv_bytes_per_token(paths: list) -> tuple[int, int]:
     for i, path in enumerate(paths):
         h = read_header_file(path)
         arch = h.architecture or ""
-        n_layer, n_head = h.get(f"{arch}.block_count", 0), h.get(f"{arch}.attention.head_count", 1) or 1
-        n_kv = h.get(f"{arch}.attention.head_count_kv", n_head)
-        head_dim = h.get(f"{arch}.attention.key_length") or h.get(f"{arch}.embedding_length", 0) // n_head
-        per_token += 2 * n_layer * n_kv * head_dim * 2
+        per_token += sum(kv_per_token(h, int(h.get(f"{arch}.block_count", 0) or 0)))
         if i == 0:
             trained = h.get(f"{arch}.context_length", 0) or 0
     return per_token, trained

@@ -178,10 +178,13 @@ def test_doctor_json_reports_build_machine_and_reinstall_commands(cli):
     assert (code, err) == (0, "")
     report = json.loads(out)
     tail = "pip install --force-reinstall --no-cache-dir llama-cpp-python"
-    assert report["reinstall"] == {"cpu": tail, "cuda": f'CMAKE_ARGS="-DGGML_CUDA=on" {tail}',
-                                   "metal": f'CMAKE_ARGS="-DGGML_METAL=on" {tail}',
-                                   "vulkan": f'CMAKE_ARGS="-DGGML_VULKAN=on" {tail}',
-                                   "rpc": f'CMAKE_ARGS="-DGGML_RPC=on" {tail}'}
+    assert report["reinstall"] == {"cpu": f'CMAKE_ARGS="-DGGML_RPC=on" {tail}',
+                                   "cuda": f'CMAKE_ARGS="-DGGML_CUDA=on -DGGML_RPC=on" {tail}',
+                                   "metal": f'CMAKE_ARGS="-DGGML_METAL=on -DGGML_RPC=on" {tail}',
+                                   "vulkan": f'CMAKE_ARGS="-DGGML_VULKAN=on -DGGML_RPC=on" {tail}',
+                                   "hip": f'CMAKE_ARGS="-DGGML_HIP=on -DGGML_RPC=on" {tail}'}
+    choice = report["setup_choice"]  # what scripts/bootstrap builds here (no GPU on the test machines: the CPU)
+    assert choice["command"] == f"LOCALSPEC_BACKEND={choice['backend']} scripts/bootstrap" and choice["why"]
     assert report["cpu_cores"] == os.cpu_count()
     assert report["memory"]["total"] > 0
     assert report["default_pair"]["name"] == "qwen2.5-coder-1.5b"
