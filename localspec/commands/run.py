@@ -33,6 +33,7 @@ def register(sub) -> None:
     v.add_argument("-n", "--max-tokens", type=pos_int, default=64)
     v.add_argument("--drafter", choices=DRAFTERS, default=None)
     v.add_argument("--json", action="store_true")
+    v.add_argument("--prompts", metavar="FILE", help="your own prompts, one a line (default: three built in)")
     v.add_argument("--against", metavar="REPORT.json",
                    help="also compare with another build's `verify --json` report (a CPU build vs a GPU "
                         "build, say): where the outputs part, both margins must be near-ties")
@@ -165,12 +166,13 @@ def cmd_verify(args) -> int:
     from ..verify import default_mode_partings, history_independence, verify_exactness
 
     other = read_verify_report(args.against) if args.against else None
+    texts = read_prompt_lines(args.prompts) if args.prompts else VERIFY_PROMPTS
     choice = model_choice(args)
     sel = select_models(choice)
     cfg = GenConfig(temperature=0.0, spec="on", draft_max=args.draft_max, max_tokens=args.max_tokens,
                     drafter=args.drafter or ("model" if sel.draft else "ngram"))
     engine = open_engine(sel, load_config(choice, sel))
-    prompts = [engine.prompt_tokens(p) for p in VERIFY_PROMPTS]
+    prompts = [engine.prompt_tokens(p) for p in texts]
     if choice.exact:  # its auto runs price drafts by this machine's figures (greedy ones elsewhere need none)
         ensure_profile(engine, "auto", stderr_note)
     history = history_independence(engine, prompts, GenConfig(temperature=0.0, max_tokens=args.max_tokens))
@@ -202,6 +204,18 @@ def cmd_verify(args) -> int:
             print_comparison(against, args.against)
     ok = report["verdict"] == "OK" and (against is None or against["verdict"] == "OK")
     return 0 if ok else 1
+
+
+def read_prompt_lines(path: str) -> list[str]:
+    """`verify --prompts FILE`: one prompt a line, blank lines skipped; read before any model loads."""
+    try:
+        with open(path, "rb") as f:
+            lines = [ln.strip() for ln in decode_text(f.read(), path).splitlines() if ln.strip()]
+    except OSError as e:
+        raise ConfigError(f"cannot read {path}: {e.strerror}; give a text file with one prompt a line") from None
+    if not lines:
+        raise ConfigError(f"{path} has no prompt; give a text file with one prompt a line")
+    return lines
 
 
 def read_verify_report(path: str) -> dict:

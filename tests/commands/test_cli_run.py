@@ -118,6 +118,24 @@ def test_verify_against_bad_report(tiny, cli, tmp_path, content, needle):
     _one_line_error(*cli("verify", *pair(tiny), "--against", str(f)), needle)
 
 
+def test_verify_on_your_own_prompts(tiny, cli, tmp_path):
+    f = tmp_path / "prompts.txt"
+    f.write_text("the cache is fast\n\nwrite the code to read a file\n")
+    rc, out, err = cli("verify", *pair(tiny, tiny.perturbed), "-n", "12", "--prompts", str(f))
+    assert rc == 0, out + err
+    assert [ln.split(":")[0] for ln in out.splitlines() if ln.startswith("prompt ")] == ["prompt 1", "prompt 2"]
+    assert "of 2 answers" in out
+
+
+@pytest.mark.parametrize("content,needle", [(None, "cannot read"), (b"\n  \n", "has no prompt"),
+                                            (b"\xff\xfe junk", "is not UTF-8")])
+def test_verify_bad_prompts_file(tiny, cli, tmp_path, content, needle):
+    f = tmp_path / "prompts.txt"
+    if content is not None:
+        f.write_bytes(content)
+    _one_line_error(*cli("verify", *pair(tiny), "--prompts", str(f)), needle)
+
+
 def _one_line_error(rc, out, err, *needles):
     assert rc != 0
     assert out == ""
