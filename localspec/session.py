@@ -137,9 +137,13 @@ def place_on_device(load: LoadConfig, sel: Selection, ctx_given: bool) -> None:
     from .models.gguf_header import read_layout_file
     from .models.placement import FIT_MARGIN, fit_pair, shape_of
 
-    gpus = [d for d in gpu_devices() if not software_device(d["description"])] if system_info()["gpu_offload"] else []
+    devices = gpu_devices() if system_info()["gpu_offload"] else []
+    gpus = [d for d in devices if not software_device(d["description"])]
     if not gpus:
-        load.n_gpu_layers_target = load.n_gpu_layers_draft = 0 if system_info()["gpu_offload"] else -1
+        if devices:  # lavapipe and the like: slower than the CPU backend, so the CPU is the fastest device here
+            load.n_gpu_layers_target = load.n_gpu_layers_draft = 0
+            load.placement = (f"placement: both models on the CPU: {devices[0]['description']} runs on the CPU, slower "
+                              "than the CPU backend (-ngl N puts layers there)")
         return
     target = shape_of(read_layout_file(sel.target))
     draft = shape_of(read_layout_file(sel.draft)) if sel.draft else None

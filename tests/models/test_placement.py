@@ -108,7 +108,7 @@ def test_place_on_device_keeps_the_users_layers_and_fits_the_rest(tiny, monkeypa
     assert (load.n_gpu_layers_target, load.n_gpu_layers_draft, load.placement) == (1, 1, "")
     gpu["description"] = "llvmpipe (LLVM 19.1.7, 256 bits)"  # lavapipe: slower than the CPU, nothing goes there
     load = session.load_config(session.ModelChoice(target=str(tiny.target)), sel)
-    assert (load.n_gpu_layers_target, load.n_gpu_layers_draft) == (0, 0)
+    assert (load.n_gpu_layers_target, load.n_gpu_layers_draft) == (0, 0) and "runs on the CPU" in load.placement
     gpu["description"], gpu["memory_free"] = "NVIDIA", 0
     monkeypatch.setattr("localspec.machine.memory_bytes", lambda: {"total": 1 << 20, "available": 1 << 20})
     with pytest.raises(ConfigError, match="would fit"):
