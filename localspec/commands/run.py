@@ -34,6 +34,8 @@ def register(sub) -> None:
     v.add_argument("--drafter", choices=DRAFTERS, default=None)
     v.add_argument("--json", action="store_true")
     v.add_argument("--prompts", metavar="FILE", help="your own prompts, one a line (default: three built in)")
+    v.add_argument("--quick", action="store_true", help="plain and speculative answers alone (what --against "
+                   "compares), without the default mode's and the history's checks")
     v.add_argument("--against", metavar="REPORT.json",
                    help="also compare with another build's `verify --json` report (a CPU build vs a GPU "
                         "build, say): where the outputs part, both margins must be near-ties")
@@ -163,7 +165,7 @@ VERIFY_PROMPTS = [
 def cmd_verify(args) -> int:
     from ..config import GenConfig
     from ..session import ensure_profile
-    from ..verify import default_mode_partings, history_independence, verify_exactness
+    from ..verify import history_independence, verify_exactness
 
     other = read_verify_report(args.against) if args.against else None
     texts = read_prompt_lines(args.prompts) if args.prompts else VERIFY_PROMPTS
@@ -175,12 +177,13 @@ def cmd_verify(args) -> int:
     prompts = [engine.prompt_tokens(p) for p in texts]
     if choice.exact:  # its auto runs price drafts by this machine's figures (greedy ones elsewhere need none)
         ensure_profile(engine, "auto", stderr_note)
-    history = history_independence(engine, prompts, GenConfig(temperature=0.0, max_tokens=args.max_tokens))
-    report = verify_exactness(engine, prompts, cfg, exact=choice.exact) | {"history": history}
-    report["default_parted_at"] = default_mode_partings(engine, prompts, [r["plain"] for r in report["prompts"]],
-                                                        args.max_tokens)
-    if choice.exact and any(i is not None for i in [*history["parted_at"], *report["default_parted_at"]]):
-        report["verdict"] = "MISMATCH"
+    # answers fresh (before anything else ran) and after other requests, unless --quick
+    history = None if args.quick else history_independence(engine, prompts, GenConfig(temperature=0.0,
+                                                                                       max_tokens=args.max_tokens))
+    report = verify_exactness(engine, prompts, cfg, exact=choice.exact)
+    if history is not None:
+        report["history"] = history
+        self_checks(engine, prompts, report, args.max_tokens, choice.exact)
     against = compare_reports(report, other, args.against) if other is not None else None
     if args.json:
         print(json.dumps(report | ({"against": against} if against else {}), indent=2))
@@ -193,17 +196,32 @@ def cmd_verify(args) -> int:
             else:
                 print(f"prompt {i + 1}: parted at token {r['parted_at']}, plain-run top-1/top-2 margin "
                       f"{r['margin']:.4f} ({'near-tie' if r['near_tie'] else 'NOT a near-tie'})")
-        parted = [i for i in report["default_parted_at"] if i is not None]
-        print(f"default mode: {len(prompts) - len(parted)} of {len(prompts)} answers (--spec auto) the same as "
-              f"--spec off's" + (f"; parted at token {', '.join(map(str, parted))}" if parted else ""))
-        parted = [i for i in history["parted_at"] if i is not None]
-        print(f"history: {len(prompts) - len(parted)} of {len(prompts)} answers (--spec auto) the same fresh and "
-              f"after other requests" + (f"; parted at token {', '.join(map(str, parted))}" if parted else ""))
+        if not args.quick:
+            print_self_checks(report, len(prompts))
         print(f"verdict: {report['verdict']}" + (" (--exact: byte-identical required)" if choice.exact else ""))
         if against:
             print_comparison(against, args.against)
     ok = report["verdict"] == "OK" and (against is None or against["verdict"] == "OK")
     return 0 if ok else 1
+
+
+def self_checks(engine, prompts: list[list[int]], report: dict, max_tokens: int, exact: bool) -> None:
+    """The default mode against --spec off, and the verdict with the history's (not --quick)."""
+    from ..verify import default_mode_partings
+
+    report["default_parted_at"] = default_mode_partings(engine, prompts, [r["plain"] for r in report["prompts"]],
+                                                        max_tokens)
+    if exact and any(i is not None for i in [*report["history"]["parted_at"], *report["default_parted_at"]]):
+        report["verdict"] = "MISMATCH"
+
+
+def print_self_checks(report: dict, n: int) -> None:
+    parted = [i for i in report["default_parted_at"] if i is not None]
+    print(f"default mode: {n - len(parted)} of {n} answers (--spec auto) the same as "
+          f"--spec off's" + (f"; parted at token {', '.join(map(str, parted))}" if parted else ""))
+    parted = [i for i in report["history"]["parted_at"] if i is not None]
+    print(f"history: {n - len(parted)} of {n} answers (--spec auto) the same fresh and "
+          f"after other requests" + (f"; parted at token {', '.join(map(str, parted))}" if parted else ""))
 
 
 def read_prompt_lines(path: str) -> list[str]:

@@ -125,6 +125,8 @@ def test_verify_on_your_own_prompts(tiny, cli, tmp_path):
     assert rc == 0, out + err
     assert [ln.split(":")[0] for ln in out.splitlines() if ln.startswith("prompt ")] == ["prompt 1", "prompt 2"]
     assert "of 2 answers" in out
+    rc, out, err = cli("verify", *pair(tiny, tiny.perturbed), "-n", "12", "--prompts", str(f), "--quick")
+    assert rc == 0 and "history" not in out and "default mode" not in out and out.endswith("verdict: OK\n"), out + err
 
 
 @pytest.mark.parametrize("content,needle", [(None, "cannot read"), (b"\n  \n", "has no prompt"),
