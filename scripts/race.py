@@ -202,14 +202,17 @@ PLAIN_TWIN = {"localspec": "localspec-plain", "localspec-fa-on": "localspec-plai
 LLAMA_ENTRANTS = ("llama", "llama-spec", "llama-draft", "llama-fa-off")
 
 
-def start_servers(names: list[str], work: Path, llama_server: Path | None) -> list[Entrant]:
+def start_servers(names: list[str], work: Path, llama_server: Path | None, backend: str = "cpu") -> list[Entrant]:
     from harness.serverproc import ServerProcess
     from localspec import models
 
     pair = models.resolve_pair()
-    flags = {"llama": [], "llama-spec": ["--spec-default"],
-             "llama-draft": ["--spec-type", "draft-simple", "-md", str(pair.draft_path)],  # -md alone drafts nothing
-             "llama-fa-off": ["-fa", "off"]}
+    # on a GPU every layer of both models there (llama-server fits them to the card by itself); localspec fits its own
+    gpu = [] if backend == "cpu" else ["-ngl", "99"]
+    flags = {"llama": gpu, "llama-spec": ["--spec-default", *gpu],
+             "llama-draft": ["--spec-type", "draft-simple", "-md", str(pair.draft_path), *gpu,  # -md alone drafts nothing
+                             *(["-ngld", "99"] if gpu else [])],
+             "llama-fa-off": ["-fa", "off", *gpu]}
     servers = []
     for name in names:
         if name in LOCALSPEC_ARGS or name.startswith("localspec@"):  # a data root of its own (the defaults'
@@ -219,7 +222,7 @@ def start_servers(names: list[str], work: Path, llama_server: Path | None) -> li
             srv = ServerProcess(LOCALSPEC_ARGS.get(name, []), home, wait=False, cwd=cwd)
             srv.wait_ready(timeout=600)
         else:
-            llama_server = llama_server or llamacpp_tools.build("llama-server")
+            llama_server = llama_server or llamacpp_tools.build("llama-server", backend)
             srv = llamacpp_tools.LlamaServer(llama_server, str(pair.target_path), flags[name], work / f"{name}.log")
         servers.append(Entrant(name, srv.port, srv.proc, srv.stop))
     return servers
@@ -306,6 +309,8 @@ def main() -> int:
     p.add_argument("--quick", action="store_true", help="one request per workload")
     p.add_argument("--gap", type=float, default=2.0, help="seconds of quiet before each request (default 2)")
     p.add_argument("--llama-server", type=Path, help="a llama-server binary (default: built from the sdist, cached)")
+    p.add_argument("--backend", default="cpu", choices=sorted(llamacpp_tools.BACKEND_FLAGS),
+                   help="llama-server's build, and every layer on the device unless cpu (scripts/gpu-race)")
     p.add_argument("--json", type=Path, help="write every request's figures and texts here")
     p.add_argument("--max-tokens", type=int, metavar="N",
                    help="cap every request at N tokens (1: the first byte alone, each prompt's evaluation compared)")
@@ -319,7 +324,7 @@ def main() -> int:
         p.error(f"unknown server {sorted(unknown)[0]!r}")
     work = Path(tempfile.mkdtemp(prefix="localspec-race-"))
     print(f"logs in {work}", file=sys.stderr)
-    servers = start_servers(names, work, a.llama_server)
+    servers = start_servers(names, work, a.llama_server, a.backend)
     results, sent, turns = [], [], []
     try:
         # one warm-up request each (loads, first cost profile), then time for localspec's idle measurements
