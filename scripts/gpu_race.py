@@ -14,7 +14,7 @@
 
   scripts/gpu-race                                  # all three (about half an hour)
   scripts/gpu-race --skip-race --sizes 7b           # the twins alone
-  scripts/gpu-race --allow-cpu --skip-race --sizes 0.5b   # a dry run of steps 2-3 on a CPU build
+  scripts/gpu-race --allow-cpu --skip-race --sizes 0.5b --prompts 2   # a dry run of steps 2-3 on a CPU build
 """
 
 from __future__ import annotations
@@ -39,14 +39,14 @@ K_MAX = 8
 HERE = Path(__file__).resolve().parent
 
 
-def acceptance_by_position(target: str, draft: str, ngl: int) -> list[float]:
+def acceptance_by_position(target: str, draft: str, ngl: int, n_prompts: int) -> list[float]:
     """P(draft token i accepted | tokens before it accepted), i = 1..K_MAX, greedy, on the race's prompts."""
     import race
 
     e = Engine(target, draft, LoadConfig(n_gpu_layers_target=ngl, n_gpu_layers_draft=ngl))
     drafted, accepted = [0] * K_MAX, [0] * K_MAX
     try:
-        for text in race.CODE + race.CHAT:
+        for text in (race.CODE + race.CHAT)[:n_prompts]:
             prompt = e.prompt_tokens(text)
             cfg = GenConfig(temperature=0, max_tokens=200, spec="on", drafter="model", draft_max=K_MAX, p_min=0.0)
             for _ in e.generate(prompt, cfg):
@@ -120,6 +120,7 @@ def main() -> int:
     p.add_argument("--sizes", default="7b,14b", help=f"target twins, of {', '.join(QWEN25)} (default 7b,14b)")
     p.add_argument("--skip-race", action="store_true", help="no race of the real pair (steps 2-3 only)")
     p.add_argument("--allow-cpu", action="store_true", help="run on a CPU build too (a dry run: no GPU figures)")
+    p.add_argument("--prompts", type=int, default=10, help="prompts the acceptance is measured on (default 10)")
     p.add_argument("--llama-bench", type=Path, help="a llama-bench binary (default: built from the sdist, cached)")
     a = p.parse_args()
     from localspec import models
@@ -138,7 +139,7 @@ def main() -> int:
         subprocess.run([sys.executable, str(HERE / "race.py"), "--backend", backend, "--workloads", "edit,chat,followup",
                         "--servers", "localspec,localspec-plain,llama,llama-spec,llama-draft",
                         "--json", str(work / "race.json")], check=True, env={**os.environ, "PYTHONPATH": str(HERE)})
-    acc = acceptance_by_position(str(pair.target_path), str(pair.draft_path), ngl)
+    acc = acceptance_by_position(str(pair.target_path), str(pair.draft_path), ngl, a.prompts)
     print("\nthe real pair's acceptance by draft position (greedy, k = 8, measured here): "
           + ", ".join(f"{x:.2f}" for x in acc))
     twins(a, pair, ngl, acc, work, backend)

@@ -4,6 +4,7 @@ llama-cpp-python does not wrap it). The library is already loaded by llama_cpp, 
 from __future__ import annotations
 
 import ctypes
+import importlib.util
 from functools import cache
 from pathlib import Path
 from typing import Any
@@ -39,10 +40,11 @@ def _lib(lib_dir: str):
 def ggml_registry(lib_dir: Path | None = None) -> dict[str, Any]:
     """{"registered": backend names, "devices": [{name, description, type, memory_free, memory_total}]};
     {} where the library or its registry API is not there."""
-    if lib_dir is None:
-        from .model import llama
-
-        lib_dir = Path(llama().__file__).parent / "lib"
+    if lib_dir is None:  # llama_cpp's own folder, found without importing it (backend.model loads the library)
+        spec = importlib.util.find_spec("llama_cpp")
+        if spec is None or spec.origin is None:
+            return {}
+        lib_dir = Path(spec.origin).parent / "lib"
     try:
         lib = _lib(str(lib_dir))
         if lib is None:
