@@ -99,18 +99,6 @@ def setup_choice() -> dict[str, str]:
             "command": rebuild_command(plan.backend)}
 
 
-def visible_gpu_hardware() -> list[str]:
-    """GPU hardware a different llama.cpp build could use (cheap checks, no drivers loaded)."""
-    seen = []
-    if shutil.which("nvidia-smi") or Path("/proc/driver/nvidia").exists():
-        seen.append("cuda")
-    if sys.platform == "darwin" and platform.machine() == "arm64":
-        seen.append("metal")
-    if shutil.which("vulkaninfo"):
-        seen.append("vulkan")
-    return seen
-
-
 def default_pair_state() -> dict[str, Any]:
     from . import models
 
@@ -205,7 +193,6 @@ def collect() -> dict[str, Any]:
         "memory": memory_bytes(),
         "disk": {"path": str(home), "free": shutil.disk_usage(probe).free},
         "llama_cpp": llama_build_info(),
-        "gpu_hardware": visible_gpu_hardware(),
         "default_pair": default_pair_state(),
         "profiles": profile_shape_checks(),
         "measurements": measurements(),

@@ -14,12 +14,11 @@ import sys
 import tempfile
 from pathlib import Path
 
-from localspec.backends import probe
+from localspec.backends import CMAKE_FLAGS, probe
 from localspec.machine import llama_cmake_args  # llama.cpp built as localspec's own is (no AMX kernel where it crashes)
 
 CACHE = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "localspec"
-BACKEND_FLAGS = {"cpu": [], "cuda": ["-DGGML_CUDA=ON"], "vulkan": ["-DGGML_VULKAN=ON"], "metal": ["-DGGML_METAL=ON"],
-                 "hip": ["-DGGML_HIP=ON"]}
+BACKEND_FLAGS = {name: flag.split() for name, flag in CMAKE_FLAGS.items()}  # the set-up's own switch per backend
 
 
 def sdist_version() -> str:
