@@ -337,16 +337,22 @@ def test_conversation_reuses_the_cache(perturbed, monkeypatch, temperature):
         assert again == first and st.prompt_eval_tokens == len(prompt_passes[-1])
 
 
-def test_rpc_servers_need_an_rpc_build(tiny):
+def test_rpc_servers_need_an_rpc_build_and_a_host_that_answers(tiny):
     import llama_cpp
 
+    from harness.serverproc import free_port
     from localspec.backend import Model
     from localspec.errors import ModelLoadError
 
-    if llama_cpp.llama_supports_rpc():
-        pytest.skip("this llama.cpp build has RPC; nothing listens on the test endpoint")
-    with pytest.raises(ModelLoadError, match="GGML_RPC=on"):
-        Model(tiny.target, rpc_servers="127.0.0.1:50052")
+    nobody = f"127.0.0.1:{free_port()}"
+    if not llama_cpp.llama_supports_rpc():
+        with pytest.raises(ModelLoadError, match="GGML_RPC=on"):
+            Model(tiny.target, rpc_servers=nobody)
+        return
+    # llama.cpp aborts the process on a host it cannot reach: the check before it says so in one line
+    with pytest.raises(ModelLoadError, match=f"could not reach the llama.cpp rpc-server at {nobody} "
+                                             r"\(Connection refused\); is `scripts/rpc-host` running there\?"):
+        Model(tiny.target, rpc_servers=nobody)
 
 
 def test_the_draft_model_loads_only_when_a_round_drafts_with_it(tiny):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ctypes
 import os
+import socket
 import sys
 import threading
 from functools import cached_property
@@ -20,7 +21,7 @@ _init_lock = threading.Lock()
 _backend_ready = False
 _LOG_CB = None  # keep the ctypes callback alive for the process lifetime
 _placement: list[str] | None = None  # while a model loads: llama.cpp's lines saying where its layers went
-PLACEMENT_WORDS = (b"offloaded", b"buffer size", b"using device")
+PLACEMENT_WORDS = (b"offloaded", b"buffer size", b"using device", b"assigned to device")
 
 VOCAB_TYPES = {0: "none", 1: "spm", 2: "bpe", 3: "wpm", 4: "ugm", 5: "rwkv", 6: "plamo2", 7: "test"}
 
@@ -52,9 +53,10 @@ def llama():
 
 class Model:
     def __init__(self, path: str | os.PathLike, n_gpu_layers: int = -1, rpc_servers: str | None = None,
-                 mmap: bool = False, repack: bool = True):
+                 mmap: bool = False, repack: bool = True, vocab_only: bool = False):
         """repack: let llama.cpp put the weights in its extra CPU layouts (faster; off for --exact, whose
-        kernels must give a row the same bits whatever the batch: exact.py)."""
+        kernels must give a row the same bits whatever the batch: exact.py). vocab_only: the tokenizer and
+        metadata alone, no weights (a server's side of a model that runs in another process)."""
         L = llama()
         self.path = Path(path)
         check_model_file(self.path)
@@ -66,8 +68,12 @@ class Model:
             params.use_mmap = mmap
         if hasattr(params, "load_mtp"):  # a file's NextN (MTP) blocks, when it has any: its own drafter
             params.load_mtp = True
-        if rpc_servers:
+        params.vocab_only = vocab_only
+        if rpc_servers and not vocab_only:
             add_rpc_servers(rpc_servers)
+        elif _rpc_added and not vocab_only:  # RPC hosts are every model's devices once registered: a draft
+            self._devices = local_devices()  # stays on this machine's own (its CPU, or its GPUs)
+            params.devices = ctypes.cast(self._devices, ctypes.c_void_p)
         if not repack or amx_kernel_avoided():  # AMX: its kernel would crash here (machine.py)
             params.use_extra_bufts = False
         releaser = MappedPageReleaser(self.path) if mmap else None
@@ -188,28 +194,49 @@ def add_rpc_servers(servers: str) -> None:
     if not L.llama_supports_rpc():
         raise ModelLoadError("rpc_servers given, but this llama.cpp build has no RPC backend; reinstall with "
                              "CMAKE_ARGS=\"-DGGML_RPC=on\" pip install --force-reinstall --no-cache-dir llama-cpp-python")
-    from llama_cpp._ggml import libggml as g
+    from .devices import ggml_lib
 
-    g.ggml_backend_load_all.restype = None
-    g.ggml_backend_reg_by_name.restype = ctypes.c_void_p
-    g.ggml_backend_reg_by_name.argtypes = [ctypes.c_char_p]
-    g.ggml_backend_reg_get_proc_address.restype = ctypes.c_void_p
-    g.ggml_backend_reg_get_proc_address.argtypes = [ctypes.c_void_p, ctypes.c_char_p]
-    g.ggml_backend_register.restype = None
-    g.ggml_backend_register.argtypes = [ctypes.c_void_p]
-    g.ggml_backend_load_all()
-    reg = g.ggml_backend_reg_by_name(b"RPC")
+    g = ggml_lib()
+    reg = g.ggml_backend_reg_by_name(b"RPC") if g is not None else None
     fn = g.ggml_backend_reg_get_proc_address(reg, b"ggml_backend_rpc_add_server") if reg else None
     if not fn:
         raise ModelLoadError("this llama.cpp build's RPC backend has no ggml_backend_rpc_add_server; upgrade llama-cpp-python")
     add_server = ctypes.CFUNCTYPE(ctypes.c_void_p, ctypes.c_char_p)(fn)
     for endpoint in (s.strip() for s in servers.split(",")):
         if endpoint and endpoint not in _rpc_added:
+            require_answering(endpoint)  # llama.cpp aborts the process on a host it cannot reach
             dev_reg = add_server(endpoint.encode())
             if not dev_reg:
                 raise ModelLoadError(f"could not reach the llama.cpp rpc-server at {endpoint}; is `rpc-server` running there?")
             g.ggml_backend_register(dev_reg)
             _rpc_added.add(endpoint)
+
+
+def local_devices():
+    """This machine's GPUs as llama.cpp's NULL-terminated device list (empty: the CPU alone)."""
+    from .devices import ggml_lib, is_local_gpu
+
+    g = ggml_lib()
+    devs = []
+    for i in range(g.ggml_backend_dev_count()):
+        dev = g.ggml_backend_dev_get(i)
+        kind = {1: "gpu", 2: "igpu"}.get(g.ggml_backend_dev_type(dev), "cpu")
+        if is_local_gpu({"type": kind, "name": g.ggml_backend_dev_name(dev).decode()}):
+            devs.append(dev)
+    return (ctypes.c_void_p * (len(devs) + 1))(*devs, None)
+
+
+def require_answering(endpoint: str, timeout_s: float = 3.0) -> None:
+    """A TCP connection to an RPC host, or a one-line error (llama.cpp's own attempt would abort)."""
+    host, _, port = endpoint.rpartition(":")
+    try:
+        with socket.create_connection((host.strip("[]"), int(port)), timeout=timeout_s):
+            pass
+    except ValueError:
+        raise ModelLoadError(f"rpc server {endpoint!r} is not host:port") from None
+    except OSError as e:
+        raise ModelLoadError(f"could not reach the llama.cpp rpc-server at {endpoint} ({e.strerror or e}); is "
+                             "`scripts/rpc-host` running there?") from None
 
 
 def amx_kernel_avoided() -> bool:
