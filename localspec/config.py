@@ -99,3 +99,16 @@ class LoadConfig:
     cache_ram_mib: int = 0
     cache_disk_mib: int = 0
     remember_generations: bool = False
+
+
+def rpc_endpoints(text: str) -> str:
+    """llama.cpp RPC hosts as `--rpc` takes them ("host:port,host:port"), checked and joined; ValueError
+    naming the bad one otherwise (the flag's and models.yaml's one rule)."""
+    items = [s.strip() for s in text.split(",") if s.strip()]
+    for item in items:
+        host, sep, port = item.rpartition(":")
+        if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+            raise ValueError(f"{item!r} is not host:port (for example 192.168.1.20:50052)")
+    if not items:
+        raise ValueError("no host:port given")
+    return ",".join(items)

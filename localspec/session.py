@@ -49,6 +49,7 @@ class ModelChoice:
     remember_generations: bool = False  # a server's: n-gram drafts may copy earlier answers
     memory_room: int | None = None  # bytes a fitted context's KV may take a share of (None: what is free now)
     chat_template: str | None = None  # --chat-template (a Jinja template): over the pair's and the GGUF's
+    rpc: str | None = None  # --rpc host:port,...: the target split over llama.cpp RPC hosts (over the pair's)
 
 
 @dataclass
@@ -102,6 +103,8 @@ def load_config(choice: ModelChoice, sel: Selection) -> LoadConfig:
         load.n_gpu_layers_target, load.n_gpu_layers_draft = s.n_gpu_layers_target, s.n_gpu_layers_draft
     if choice.chat_template:
         load.chat_template = choice.chat_template
+    if choice.rpc:
+        load.rpc_servers = choice.rpc
     if choice.ctx_size:
         load.n_ctx = choice.ctx_size
     elif choice.ctx_fit:
@@ -214,13 +217,24 @@ def follow_recent_load(engine) -> None:
     gov.on_change = save_threads_hint
 
 
+def split_note(engine) -> str | None:
+    """Where a target split over RPC hosts put its layers (the load line's, doctor's)."""
+    if not engine.load.rpc_servers:
+        return None
+    from .backend.devices import rpc_devices
+    from .models.placement import describe_split
+
+    hosts = {d["name"]: d["description"] for d in rpc_devices()}
+    return describe_split(engine.target_model.placement, hosts)
+
+
 def load_notes(models: ModelChoice) -> list[str]:
     from .backend import system_info
     from .backend.model import amx_kernel_avoided
 
     notes = []
     asked = [f"{flag} {n}" for flag, n in (("-ngl", models.n_gpu_layers), ("-ngld", models.n_gpu_layers_draft)) if n]
-    if asked and not system_info()["gpu_offload"]:
+    if asked and not system_info()["gpu_offload"] and not models.rpc:  # over RPC, -ngl counts the hosts' layers
         notes.append(f"{' '.join(asked)}: this llama-cpp-python has no GPU backend, so everything runs on the "
                      "CPU (`localspec doctor` prints the command that builds it for your GPU)")
     if amx_kernel_avoided():
@@ -337,7 +351,7 @@ class Session:
             prefetch(sel.target)  # two streams would only compete: slower cold: docs/BENCHMARKS.md)
         engine = open_engine(sel, load, notify, engine_class)
         follow_recent_load(engine)
-        notes = load_notes(models) + [n for n in [engine.template_note(), load.placement] if n]
+        notes = load_notes(models) + [n for n in [engine.template_note(), load.placement, split_note(engine)] if n]
         return cls(sel, cfg, load, engine, gen.system, notes)
 
     def ensure_profile(self, notify: Notify | None = None, spec: str | None = None, measure: bool = True):

@@ -7,7 +7,7 @@ import math
 import os
 import sys
 
-from ..config import DRAFTERS, GenConfig, default_threads
+from ..config import DRAFTERS, GenConfig, default_threads, rpc_endpoints
 from ..errors import ConfigError
 from ..session import GenChoice, ModelChoice
 
@@ -38,6 +38,9 @@ def add_model_args(p: argparse.ArgumentParser, positional_pair: bool = False) ->
     g.add_argument("--chat-template", type=chat_template_arg, default=None, metavar="JINJA",
                    help="a Jinja chat template, or chatml, over the pair's and the GGUF's own (a GGUF without "
                         "one gets ChatML, as with llama-server)")
+    g.add_argument("--rpc", type=rpc_arg, default=None, metavar="HOST:PORT,...",
+                   help="split the target's layers over llama.cpp RPC hosts, like llama-server's --rpc (start one "
+                        "with scripts/rpc-host; see docs/MODELS.md)")
     g.add_argument("--exact", action="store_true", default=False,
                    help="greedy speculation byte-identical to plain decoding on every request: llama.cpp's "
                         "batch-invariant CPU kernels, at some speed (K-quant models; see docs/EXACT.md)")
@@ -84,6 +87,13 @@ def chat_template_arg(s: str) -> str:
         return template_arg(s)
     except ConfigError as e:
         raise argparse.ArgumentTypeError(str(e).removeprefix("--chat-template ")) from None
+
+
+def rpc_arg(s: str) -> str:
+    try:
+        return rpc_endpoints(s)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
 
 
 def nonneg_int(s: str) -> int:
@@ -145,7 +155,7 @@ def model_choice(args) -> ModelChoice:
                        threads=args.threads, n_gpu_layers=args.n_gpu_layers, mmap=getattr(args, "mmap", None),
                        n_gpu_layers_draft=getattr(args, "n_gpu_layers_draft", None),
                        flash_attn=getattr(args, "flash_attn", None), exact=getattr(args, "exact", False),
-                       chat_template=getattr(args, "chat_template", None))
+                       chat_template=getattr(args, "chat_template", None), rpc=getattr(args, "rpc", None))
 
 
 def gen_choice(args) -> GenChoice:

@@ -41,6 +41,8 @@ def profile_key(engine) -> str:
         from ..backend.devices import gpu_devices
 
         parts["gpus"] = [d["description"] for d in gpu_devices()]
+    if load.rpc_servers:  # a split pays the network on every pass: its own curve, per set of hosts
+        parts["rpc"] = load.rpc_servers
     if engine.flash_attn != "auto":  # other pass costs; profiles measured before the flag keep their key
         parts["flash_attn"] = engine.flash_attn
     if load.exact:  # other kernels, other costs

@@ -174,3 +174,33 @@ def _what_fits(target: ModelShape, draft: ModelShape | None, free: int, host: in
     return (f"the pair's weights alone take {need / GiB:.1f} GiB, more than the GPU's {max(0, free - FIT_MARGIN) / GiB:.1f} "
             f"and the host's {host / GiB:.1f} GiB together: a quantization of at most {room * 0.9 / GiB:.1f} GiB "
             "of weights would fit (or free memory)")
+
+
+LAYER_LINE = re.compile(r"layer\s+(\d+) assigned to device (\S+?),")
+
+
+def layer_ranges(lines: list[str]) -> list[tuple[str, int, int]]:
+    """(device, first layer, last layer) runs from llama.cpp's load lines ("layer 3 assigned to device RPC0,")."""
+    runs: list[tuple[str, int, int]] = []
+    for line in lines:
+        m = LAYER_LINE.search(line)
+        if m is None:
+            continue
+        layer, dev = int(m.group(1)), m.group(2)
+        if runs and runs[-1][0] == dev and runs[-1][2] == layer - 1:
+            runs[-1] = (dev, runs[-1][1], layer)
+        else:
+            runs.append((dev, layer, layer))
+    return runs
+
+
+def describe_split(lines: list[str], hosts: dict[str, str]) -> str | None:
+    """"layers 0-9 here, 10-18 on 10.0.0.2:50052, ..." for a target split over RPC hosts (`hosts`: device
+    name -> host:port); None when the lines name no layer."""
+    runs = layer_ranges(lines)
+    if not runs:
+        return None
+    def where(dev: str) -> str:
+        return f"on {hosts[dev]}" if dev in hosts else "here" if dev == "CPU" else f"on {dev}"
+    parts = [(f"{a}" if a == b else f"{a}-{b}") + f" {where(dev)}" for dev, a, b in runs]
+    return "split: layers " + ", ".join(parts) + " (the last is the output layer)"

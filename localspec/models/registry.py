@@ -23,6 +23,7 @@ from typing import Any
 import yaml
 
 from .. import paths
+from ..config import rpc_endpoints
 from ..errors import ConfigError
 from .hub import HubFile, parse_hub_ref
 
@@ -256,9 +257,12 @@ def _rpc_servers(entry: _LineDict) -> str | None:
     if v is None:
         return None
     items = v if isinstance(v, list) else [v] if isinstance(v, str) else None
-    if items is None or not all(isinstance(s, str) and s.count(":") >= 1 for s in items):
+    if items is None or not all(isinstance(s, str) for s in items):
         raise _type_error(entry, "rpc_servers", "a list of host:port strings")
-    return ",".join(s.strip() for s in ",".join(items).split(",") if s.strip()) or None
+    try:
+        return rpc_endpoints(",".join(items))
+    except ValueError as e:
+        raise ConfigError(f"{entry.where('rpc_servers')}: {e}") from None
 
 
 def _source(entry: _LineDict, role: str, pair: str) -> ModelSource:
