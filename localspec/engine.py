@@ -14,7 +14,6 @@ from typing import Callable, Iterator, TypeVar
 import numpy as np
 
 from .backend import Context, GrammarSampler, Model, exact, fill_to_answer, mtp, system_info
-from .chat_format import CHATML, Message, chat_text, prompt_tokens
 from .config import GenConfig, LoadConfig
 from .costs.attention import cpu_kernel
 from .costs.costmodel import REFERENCE_HEAD_STEP, reference_profile
@@ -28,6 +27,7 @@ from .decoding.policy import REPEATABLE_MIN_MATCH, FixedK, make_policy
 from .errors import ConfigError, ContextFullError
 from .lane import Lane
 from .pairing import require_compatible
+from .prompts import Prompts
 from .stats import Stats
 from .text import Chunk, TextStream
 
@@ -36,7 +36,7 @@ BACKGROUND_STEP = 64  # tokens per pass of a prompt evaluation that may be inter
 CANCEL_STEP = 256  # a request's own prompt: a hang-up or a newer request from its editor ends it within a pass
 
 
-class Engine:
+class Engine(Prompts):
     """A loaded target (and optional draft model), ready to generate."""
 
     def __init__(self, target_path: str | Path, draft_path: str | Path | None = None,
@@ -156,36 +156,6 @@ class Engine:
         """fn() on the thread that decodes (a server's batch thread: serving/engine.py), for work that calls
         llama_decode outside a generation (measuring the pass costs)."""
         return fn()
-
-    # --- prompts ----------------------------------------------------------------------------
-    def _own_template(self) -> str | None:
-        return self.load.chat_template or self.target_model.chat_template()
-
-    def chat_template(self) -> str:
-        """The template asked for, else the GGUF's, else ChatML (llama-server's fallback: `template_note`)."""
-        return self._own_template() or CHATML
-
-    def template_note(self) -> str | None:
-        """What a load without any chat template tells its user, once."""
-        if self._own_template():
-            return None
-        return (f"{self.target_model.path.name} has no chat template in its GGUF: ChatML is used, as llama-server "
-                "does (--chat-template gives another, --raw sends plain text)")
-
-    def prompt_tokens(self, messages: list[Message] | str, raw: bool = False, tools: list | None = None) -> list[int]:
-        return prompt_tokens(self.target_model, self.chat_template(), messages, raw, tools)
-
-    def chat_text(self, messages: list[Message] | str, tools: list | None = None) -> str:
-        """The conversation as the model's chat template writes it (llama-server's /apply-template)."""
-        return chat_text(self.target_model, self.chat_template(), messages, tools)
-
-    def check_prompt(self, prompt: list[int]) -> None:
-        if not prompt:
-            raise ConfigError("empty prompt; give some text to answer")
-        if len(prompt) >= self.target.n_ctx:
-            raise ContextFullError(f"the prompt is {len(prompt)} tokens but the context holds "
-                                   f"{self.target.n_ctx}; shorten it or raise --ctx-size",
-                                   n_prompt=len(prompt), n_ctx=self.target.n_ctx)
 
     # --- generation -------------------------------------------------------------------------
     def make_drafter(self, cfg: GenConfig, rng, lane: Lane | None = None):

@@ -69,6 +69,9 @@ def register(sub) -> None:
     m.add_argument("--idle-unload", type=pos_int, default=None, metavar="SECONDS",
                    help="unload a model nobody used for this long (default: keep it; a request's Ollama "
                         "`keep_alive` sets its own)")
+    m.add_argument("--isolate", action="store_true",
+                   help="run each model in its own process, which the server outlives if it crashes (always "
+                        "for a target split over --rpc hosts, whose loss llama.cpp answers by aborting)")
     add_editor_args(p)
     p.set_defaults(func=cmd_serve)
 
@@ -96,7 +99,7 @@ def cmd_serve(args) -> int:
     choice.cache_ram_mib, choice.cache_disk_mib = args.cache_ram, args.cache_disk if args.cache_ram else 0
     choice.remember_generations = True  # n-gram drafts may copy earlier answers
     opts = ServeOptions(host=args.host, port=args.port, api_key=args.api_key, log_requests=args.log_requests,
-                        cors=args.cors, editor=editor_settings(args), webui=args.webui,
+                        cors=args.cors, editor=editor_settings(args), webui=args.webui, isolate=args.isolate,
                         limits=Limits(models_max=args.models_max, idle_unload_s=args.idle_unload),
                         budget=Budget(limit=args.models_memory << 20 if args.models_memory else None))
     if args.models_dir and (choice.pair or choice.target):

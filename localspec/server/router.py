@@ -37,7 +37,7 @@ class Slot:
     """One catalog entry's place in the router."""
     entry: CatalogEntry
     state: ServerState | None = None  # set while loaded
-    status: str = "unloaded"  # unloaded | loading | loaded | failed
+    status: str = "unloaded"  # unloaded | loading | loaded | failed | lost (its process died: isolated.py)
     error: str | None = None
     loading: asyncio.Future | None = None
     last_used: float = 0.0
@@ -45,6 +45,7 @@ class Slot:
     pending: int = 0  # requests routed here whose job is not queued yet
     unload_when_idle: bool = False
     estimate: int = 0  # bytes the load was expected to take (weights, KV, buffers)
+    lost_worker: object = None  # an isolated model's worker whose process died: asked when its hosts answer
 
     @property
     def busy(self) -> bool:
@@ -176,8 +177,10 @@ class Router:
 
     async def ensure_loaded(self, slot: Slot) -> ServerState:
         if slot.status == "loaded" and slot.state is not None:
-            return slot.state
-        if self.single and slot.status != "unloaded":  # loading at start: 503 until then, as llama-server
+            if slot.state.worker is None or not slot.state.worker.lost:
+                return slot.state
+            await self._lose(slot)  # its process died since the last look: loaded again now
+        if self.single and slot.status not in ("unloaded", "lost"):  # loading at start: 503 until then
             return self.shared
         if self.closing:
             raise ApiError(503, "the server is shutting down")
@@ -210,21 +213,22 @@ class Router:
                 if ok:
                     state.worker.neighbours_busy = lambda: self.busy_besides(slot)
                     slot.state, slot.status = state, "loaded"
-                    slot.last_used, slot.unload_when_idle = time.monotonic(), False
+                    slot.last_used, slot.unload_when_idle, slot.lost_worker = time.monotonic(), False, None
                     self.loads += 1
                     self._set_keep_alive(slot, None)
                     session = state.worker.session
                     self.recipe.notify(f"ready: {state.model_id} "
                                        f"({session.selection.describe(head=session.engine.heads is not None)})")
-                else:
-                    slot.status, slot.error = "failed", state.load_error or "the model did not load"
+                else:  # a lost model stays lost: it is tried again when its hosts answer
+                    slot.status = "lost" if slot.lost_worker is not None else "failed"
+                    slot.error = state.load_error or "the model did not load"
                     if not self.single:
                         self.recipe.notify(f"error: {slot.entry.name}: {slot.error}")
         except ApiError:  # no room: the model stays unloaded, the next request tries again
             slot.status, slot.error = "unloaded", None
             raise
         except LocalspecError as e:  # its file is missing, truncated or not a GGUF: this model fails, not others
-            slot.status, slot.error = "failed", str(e)
+            slot.status, slot.error = "lost" if slot.lost_worker is not None else "failed", str(e)
             self.recipe.notify(f"error: {slot.entry.name}: {e}")
         finally:
             slot.loading = None
@@ -296,12 +300,34 @@ class Router:
     async def _expire_loop(self) -> None:
         while True:
             await asyncio.sleep(EXPIRY_TICK_S)
+            await self._watch_lost()
             now = time.monotonic()
             for slot in list(self.slots):
                 if slot.status != "loaded" or slot.busy or self.single:
                     continue
                 if slot.unload_when_idle or (slot.expires_at is not None and now >= slot.expires_at):
                     await self.unload(slot, why="keep_alive" if slot.unload_when_idle else "idle")
+
+    async def _watch_lost(self) -> None:
+        """A model whose process died (isolated.py: an RPC host gone) is marked lost, its state says why
+        (/health, /props, /models), and it loads again once its hosts answer; a request naming it first
+        tries at once."""
+        for slot in list(self.slots):
+            worker = slot.state.worker if slot.state is not None else None
+            if slot.status == "loaded" and worker is not None and worker.lost:
+                await self._lose(slot)
+            elif slot.status == "lost" and slot.loading is None and not self.closing and slot.lost_worker is not None:
+                if await asyncio.to_thread(slot.lost_worker.hosts_answer):
+                    self.recipe.notify(f"{slot.entry.name}: loading it again")
+                    with contextlib.suppress(Exception):  # a failed load leaves it failed, for the next request
+                        await self.ensure_loaded(slot)
+
+    async def _lose(self, slot: Slot) -> None:
+        worker = slot.state.worker
+        slot.status, slot.error, slot.lost_worker = "lost", worker.lost, worker
+        slot.state.worker, slot.state.load_error, slot.state = None, worker.lost, None
+        self.recipe.notify(f"error: {slot.entry.name}: {worker.lost}")
+        await asyncio.to_thread(worker.close, 1.0)
 
     def loaded_states(self) -> list[tuple[Slot, ServerState]]:
         """(slot, state) of each model loaded now, its ModelWorker there to ask."""

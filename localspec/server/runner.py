@@ -16,15 +16,13 @@ from typing import Callable
 from ..errors import ConfigError, LocalspecError
 from ..fim.windows import EditorSettings
 from ..models.catalog import CatalogEntry
-from ..serving.engine import ServingEngine
-from ..serving.worker import ModelWorker
+from ..serving.isolated import IsolatedWorker, rpc_servers_of
+from ..serving.worker import ModelWorker, open_served
 from ..session import GenChoice, ModelChoice, Session
 from . import DEFAULT_PORT  # noqa: F401  (re-exported for the CLI)
 from .app import ServerState, create_app
 from .guard import GuardRules, is_loopback_name
 from .router import Budget, Limits, LoadRecipe, Router, Slot, begin_shutdown_all
-
-UNLIMITED_TOKENS = 1 << 30  # like llama-server's n_predict -1: until EOS, a stop, or the context is full
 
 
 def is_loopback(host: str) -> bool:
@@ -52,20 +50,23 @@ def model_names(session: Session) -> tuple[str, set[str]]:
 
 
 def load_into(state: ServerState, models: ModelChoice, gen: GenChoice, notify: Callable[[str], None],
-              editor: EditorSettings | None = None, log_requests: bool = False) -> bool:
+              editor: EditorSettings | None = None, log_requests: bool = False, isolate: bool = False) -> bool:
+    """The model loaded into `state`: in this process, or (isolated, and always for a target split over RPC
+    hosts, whose loss llama.cpp answers by aborting the process) in a child process the server outlives."""
     try:
-        session = Session.open(models, gen, notify, engine_class=ServingEngine)
-        if session.gen.max_tokens < 0:
-            session.gen.max_tokens = UNLIMITED_TOKENS
-        # a stored profile only: the first answer never waits for a measurement (worker: idle time)
-        session.ensure_profile(notify, spec="auto", measure=False)
+        if isolate or rpc_servers_of(models):
+            worker = IsolatedWorker(models, gen, notify, editor, log_requests)
+            session = worker.session
+        else:
+            session = open_served(models, gen, notify)
+            worker = None
     except LocalspecError as e:
         state.load_error = str(e)
         return False
     for text in session.notes:
         notify(f"note: {text}")
     state.model_id, state.aliases = model_names(session)
-    state.worker = ModelWorker(session, editor, log_requests)
+    state.worker = worker or ModelWorker(session, editor, log_requests)
     return True
 
 
@@ -83,6 +84,7 @@ class ServeOptions:
     models_dir: Path | None = None  # where the catalog came from when not the data root's models folder
     limits: Limits = field(default_factory=Limits)
     budget: Budget = field(default_factory=Budget)
+    isolate: bool = False  # every model in its own process (a split one always: serving/isolated.py)
 
 
 def bind_checked(host: str, port: int, api_key: str | None) -> socket.socket:
@@ -95,7 +97,7 @@ def bind_checked(host: str, port: int, api_key: str | None) -> socket.socket:
 def make_router(state: ServerState, models: ModelChoice, gen: GenChoice, notify: Callable[[str], None],
                 opts: ServeOptions) -> Router:
     def load(st: ServerState, choice: ModelChoice, g: GenChoice) -> bool:
-        return load_into(st, choice, g, notify, opts.editor, opts.log_requests)
+        return load_into(st, choice, g, notify, opts.editor, opts.log_requests, opts.isolate)
     entries = opts.catalog or [CatalogEntry(models.pair or Path(models.target or "localspec").stem, pair=models.pair)]
     slots = [Slot(e) for e in entries]
     return Router(slots, LoadRecipe(models, gen, load, notify), state, opts.limits, opts.budget, opts.catalog,

@@ -12,6 +12,7 @@ from contextlib import nullcontext
 from pathlib import Path
 from typing import Callable, TypeVar
 
+from ..backend import common_prefix
 from ..config import LoadConfig
 from ..decoding.ngram import NgramDrafter
 from ..engine import Engine
@@ -45,6 +46,12 @@ class ServingEngine(Engine):
         except BaseException:
             self.close()
             raise
+
+    def cached_prefix(self, tokens: list[int]) -> int:
+        """How much of `tokens` the saved prompts, or else the first lane, hold already."""
+        if self.prompt_cache is not None:
+            return self.prompt_cache.prefix_len(tokens)
+        return common_prefix(self.lane.target.tokens, tokens)
 
     def on_decode_thread(self, fn: Callable[[], T]) -> T:
         """fn() on the batch thread (batching.py says why only one thread may decode)."""

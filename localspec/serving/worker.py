@@ -18,6 +18,8 @@ runs on the first lane when no job runs at all.
 from __future__ import annotations
 
 import copy
+import dataclasses
+import os
 import sys
 import threading
 import time
@@ -41,6 +43,21 @@ MAX_WAITING = 64  # queued requests beyond this are refused (Unavailable) instea
 IDLE_WARMUP_S = 0.5  # quiet time before an interrupted warm-up goes on
 QUICK_FILL = 512  # the depth a quick profile's whole curve is measured at when the last request ran shallower
 CUT_SHORT = "the server is shutting down; the answer was cut short"
+
+
+UNLIMITED_TOKENS = 1 << 30  # like llama-server's n_predict -1: until EOS, a stop, or the context is full
+
+
+def open_served(models, gen, notify) -> Session:
+    """A server's session: the pair loaded as a server runs it, a stored profile only (the first answer never
+    waits for a measurement; the worker measures when idle). Raises LocalspecError."""
+    from .engine import ServingEngine
+
+    session = Session.open(models, gen, notify, engine_class=ServingEngine)
+    if session.gen.max_tokens < 0:
+        session.gen.max_tokens = UNLIMITED_TOKENS
+    session.ensure_profile(notify, spec="auto", measure=False)
+    return session
 
 
 class ModelWorker:
@@ -107,6 +124,23 @@ class ModelWorker:
         return all(t.is_alive() for t in self.threads) and not self.closing
 
     closing = False  # set once shutdown begins: new jobs are refused, running ones end
+    lost: str | None = None  # why the model cannot answer any more (a process boundary's: isolated.py)
+
+    def facts(self) -> dict:
+        """The figures /props shows that change as the model serves (data; the same from isolated.py)."""
+        e = self.engine
+        return {"n_ctx": e.target.n_ctx, "total_slots": len(e.lanes), "flash_attn_in_use": e.flash_attn,
+                "pid": os.getpid(),  # the model's process (another than the server's when isolated)
+                "profile": dataclasses.asdict(e.profile) if e.profile is not None else None,
+                "measurement": idle.state_of(e).to_dict(),
+                "rollback": {"kind": e.target.rollback, "snapshots": e.target.n_rs, "miss_s": e.target.miss.seconds,
+                             "fallbacks": e.target.miss.fallbacks}}
+
+    def metric_samples(self) -> list[tuple]:
+        """/metrics' rows for this model (metrics.py)."""
+        batcher = getattr(self.engine, "batcher", None)
+        swapped = batcher.swap.moves if batcher is not None else 0
+        return self.metrics.samples(swapped, idle.state_of(self.engine).to_dict())
 
     def _superseded(self, job: Job) -> None:
         """A newer completion from the same editor slot replaced this waiting one: an empty answer."""

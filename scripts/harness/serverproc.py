@@ -5,6 +5,7 @@ from __future__ import annotations
 import atexit
 import json
 import os
+import shlex
 import signal
 import socket
 import subprocess
@@ -59,7 +60,9 @@ class ServerProcess:
         self.log = home / f"serve-{self.port}.log"
         home.mkdir(parents=True, exist_ok=True)
         self.log_file = open(self.log, "w")
-        self.proc = subprocess.Popen([sys.executable, "-m", "localspec", "serve", "--port", str(self.port), *args],
+        # LOCALSPEC_TEST_SERVE_ARGS: flags for every server a test starts (`--isolate`: the suite behind the boundary)
+        extra = shlex.split(os.environ.get("LOCALSPEC_TEST_SERVE_ARGS", ""))
+        self.proc = subprocess.Popen([sys.executable, "-m", "localspec", "serve", "--port", str(self.port), *args, *extra],
                                      cwd=cwd or ROOT, env=self.env, stdout=self.log_file, stderr=subprocess.STDOUT,
                                      stdin=subprocess.DEVNULL)
         _LIVE.add(self)

@@ -5,14 +5,11 @@ from __future__ import annotations
 
 import asyncio
 import json
-from dataclasses import asdict
 from typing import Any
 
 from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response
 
-from ...backend import common_prefix
-from ...costs import idle
 from ...errors import LocalspecError
 from ...fim.layout import FimUnsupported, fim_stop_tokens, infill_tokens, require_fim
 from ...serving.metrics import prometheus_text
@@ -106,9 +103,7 @@ def infill_prompt(state: ServerState, body: dict, cfg):
             return infill_tokens(engine.target_model, body, extra, n_ctx, n_predict)
         if warmup and not (body["input_prefix"] or body["input_suffix"] or body.get("prompt")):
             return windows.warmup_prompt(extra)  # an editor's new extra context, evaluated in the background
-        cache = engine.prompt_cache
-        cached = cache.prefix_len if cache else lambda toks: common_prefix(engine.lane.target.tokens, toks)
-        prompt, cfg.heal = windows.completion_prompt(body, extra, cached)
+        prompt, cfg.heal = windows.completion_prompt(body, extra, engine.cached_prefix)
         return prompt
     return tokens
 
@@ -146,10 +141,10 @@ async def health(request: Request, state: ServerState) -> Response:
 async def props(request: Request, state: ServerState) -> Response:
     srv = state.worker
     sess, m = srv.session, srv.model
+    facts = await asyncio.to_thread(srv.facts)
     return JSONResponse({
-        "default_generation_settings": {"params": generation_settings(sess.gen),
-                                        "n_ctx": srv.engine.target.n_ctx},
-        "total_slots": len(srv.engine.lanes), "model_alias": state.model_id, "model_path": str(m.path),
+        "default_generation_settings": {"params": generation_settings(sess.gen), "n_ctx": facts["n_ctx"]},
+        "total_slots": facts["total_slots"], "model_alias": state.model_id, "model_path": str(m.path),
         "modalities": {"vision": False, "audio": False},
         "chat_template": srv.engine.chat_template() or "",
         "bos_token": m.token_text(m.bos) if m.bos >= 0 else "", "eos_token": m.token_text(m.eos) if m.eos >= 0 else "",
@@ -157,15 +152,12 @@ async def props(request: Request, state: ServerState) -> Response:
         "localspec": {"target": sess.selection.target, "draft": sess.selection.draft,
                       "fim": bool(m.fim_tokens()), "spec": sess.gen.spec, "drafter": sess.gen.drafter,
                       "add_bos": bool(m.add_bos), "bos_id": m.bos,
-                      "profile": asdict(srv.engine.profile) if srv.engine.profile is not None else None,
-                      "measurement": idle.state_of(srv.engine).to_dict(),
-                      "rollback": {"kind": srv.engine.target.rollback, "snapshots": srv.engine.target.n_rs,
-                                   "miss_s": srv.engine.target.miss.seconds,
-                                   "fallbacks": srv.engine.target.miss.fallbacks},
+                      "profile": facts["profile"], "measurement": facts["measurement"], "rollback": facts["rollback"],
+                      "isolated": bool(getattr(srv, "isolated", False)), "pid": facts["pid"],
                       "load": {"ctx_size": sess.load.n_ctx, "threads": sess.load.n_threads,
                                "n_gpu_layers": sess.load.n_gpu_layers_target, "mmap": sess.load.mmap,
-                               "flash_attn": sess.load.flash_attn, "flash_attn_in_use": srv.engine.flash_attn,
-                               "exact": sess.load.exact}},
+                               "flash_attn": sess.load.flash_attn, "flash_attn_in_use": facts["flash_attn_in_use"],
+                               "exact": sess.load.exact, "rpc_servers": sess.load.rpc_servers}},
     })
 
 
@@ -223,11 +215,8 @@ async def metrics(request: Request, state: ServerState) -> Response:
         require_serving(state)
     groups = []
     for slot, s in router.loaded_states():
-        batcher = s.worker.engine.batcher
-        swapped = batcher.swap.moves if batcher is not None else 0
-        measurement = idle.state_of(s.worker.engine).to_dict()
-        groups.append(("" if router.single else f'model="{slot.entry.name}"',
-                       s.worker.metrics.samples(swapped, measurement)))
+        samples = await asyncio.to_thread(s.worker.metric_samples)
+        groups.append(("" if router.single else f'model="{slot.entry.name}"', samples))
     return PlainTextResponse(prometheus_text(groups), media_type="text/plain; version=0.0.4")
 
 
