@@ -8,6 +8,7 @@ Servers (each on its own loopback port, started here and stopped at the end):
 and, to take a difference apart:
   localspec-plain  `localspec serve --spec off` (the same engine, never drafting)
   localspec-fa-on  `localspec serve -fa on` (llama.cpp's flash-attention kernel, llama-server's choice)
+  localspec-isolated `localspec serve --isolate` (the model in a child process: what the boundary costs)
   localspec-exact  `localspec serve --exact` (batch-invariant kernels), and localspec-exact-plain, its --spec off
   localspec@REV    `localspec serve` from this repository's commit REV (a git worktree): before against after
   llama-fa-off     llama-server -fa off (the attention kernel localspec uses on a CPU)
@@ -125,6 +126,28 @@ def workloads(names: list[str], quick: bool) -> list[tuple[str, dict]]:
     return out
 
 
+def _tree(pid: int) -> list[int]:
+    """pid and its descendants, from /proc's children lists."""
+    out, todo = [], [pid]
+    while todo:
+        p = todo.pop()
+        out.append(p)
+        for task in Path(f"/proc/{p}/task").glob("*"):
+            try:
+                todo += [int(c) for c in (task / "children").read_text().split()]
+            except OSError:
+                pass
+    return out
+
+
+def _cpu_ticks(pid: int) -> int:
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:  # it ended meanwhile
+        return 0
+    return int(fields[11]) + int(fields[12])
+
+
 @dataclass
 class Entrant:
     """One server in the race: its name, loopback port, process, and how to stop it."""
@@ -134,9 +157,9 @@ class Entrant:
     stop: Callable[[], object]
 
     def cpu_s(self) -> float:
-        """CPU seconds used so far by the server process (its threads included)."""
-        fields = Path(f"/proc/{self.proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
-        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+        """CPU seconds used so far by the server process and the processes it started (an isolated model's)."""
+        return sum(_cpu_ticks(pid) for pid in _tree(self.proc.pid)) / os.sysconf("SC_CLK_TCK")
+
 
     def ask(self, body: dict, timeout: float = 900) -> dict:
         req = urllib.request.Request(f"http://127.0.0.1:{self.port}/v1/chat/completions", data=json.dumps(body).encode(),
@@ -195,14 +218,17 @@ def wait_quiet(servers: list[Entrant], quiet_s: float, gap_s: float, limit_s: fl
 
 
 LOCALSPEC_ARGS = {"localspec": [], "localspec-plain": ["--spec", "off"], "localspec-fa-on": ["-fa", "on"],
+                  "localspec-isolated": ["--isolate"],
                   "localspec-exact": ["--exact"], "localspec-exact-plain": ["--exact", "--spec", "off"]}
 # the plain decoding each server's greedy text is promised to equal (the same engine and kernels, never drafting)
-PLAIN_TWIN = {"localspec": "localspec-plain", "localspec-fa-on": "localspec-plain",
+PLAIN_TWIN = {"localspec": "localspec-plain", "localspec-fa-on": "localspec-plain", "localspec-isolated": "localspec-plain",
               "localspec-exact": "localspec-exact-plain", "llama-spec": "llama", "llama-draft": "llama"}
 LLAMA_ENTRANTS = ("llama", "llama-spec", "llama-draft", "llama-fa-off")
 
 
-def start_servers(names: list[str], work: Path, llama_server: Path | None, backend: str = "cpu") -> list[Entrant]:
+def start_servers(names: list[str], work: Path, llama_server: Path | None, backend: str = "cpu",
+                  extra: dict[str, list[str]] | None = None) -> list[Entrant]:
+    """extra: more flags for a server by name (scripts/split-race: each one's RPC hosts)."""
     from harness.serverproc import ServerProcess
     from localspec import models
 
@@ -219,11 +245,12 @@ def start_servers(names: list[str], work: Path, llama_server: Path | None, backe
             # unless LOCALSPEC_HOME names one)
             home = Path(os.environ.get("LOCALSPEC_HOME") or work / "home") if name == "localspec" else work / name
             cwd = checkout(name.partition("@")[2], work) if "@" in name else None
-            srv = ServerProcess(LOCALSPEC_ARGS.get(name, []), home, wait=False, cwd=cwd)
+            srv = ServerProcess([*LOCALSPEC_ARGS.get(name, []), *(extra or {}).get(name, [])], home, wait=False, cwd=cwd)
             srv.wait_ready(timeout=600)
         else:
             llama_server = llama_server or llamacpp_tools.build("llama-server", backend)
-            srv = llamacpp_tools.LlamaServer(llama_server, str(pair.target_path), flags[name], work / f"{name}.log")
+            srv = llamacpp_tools.LlamaServer(llama_server, str(pair.target_path), [*flags[name], *(extra or {}).get(name, [])],
+                                             work / f"{name}.log")
         servers.append(Entrant(name, srv.port, srv.proc, srv.stop))
     return servers
 
@@ -302,10 +329,10 @@ def print_table(rows: list[dict]) -> None:
               f"{r['texts_equal_again']} |")
 
 
-def main() -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def parser(doc: str = __doc__, servers: str = "localspec,llama,llama-spec,llama-draft") -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--workloads", default="edit,predict,code,chat,quote")
-    p.add_argument("--servers", default="localspec,llama,llama-spec,llama-draft")
+    p.add_argument("--servers", default=servers)
     p.add_argument("--quick", action="store_true", help="one request per workload")
     p.add_argument("--gap", type=float, default=2.0, help="seconds of quiet before each request (default 2)")
     p.add_argument("--llama-server", type=Path, help="a llama-server binary (default: built from the sdist, cached)")
@@ -316,15 +343,32 @@ def main() -> int:
                    help="cap every request at N tokens (1: the first byte alone, each prompt's evaluation compared)")
     p.add_argument("--repeat", action="store_true",
                    help="send every request again afterwards (reverse order, after a sampled one): same answers?")
-    a = p.parse_args()
+    return p
 
+
+def server_names(p: argparse.ArgumentParser, a) -> list[str]:
     names = a.servers.split(",")
     unknown = {n for n in names if not n.startswith("localspec@")} - {*LOCALSPEC_ARGS, *LLAMA_ENTRANTS}
     if unknown:
         p.error(f"unknown server {sorted(unknown)[0]!r}")
+    return names
+
+
+def main() -> int:
+    p = parser()
+    a = p.parse_args()
+    names = server_names(p, a)
     work = Path(tempfile.mkdtemp(prefix="localspec-race-"))
     print(f"logs in {work}", file=sys.stderr)
     servers = start_servers(names, work, a.llama_server, a.backend)
+    results, turns = run(servers, work, a)
+    report(results, turns, names, a.json)
+    return 0
+
+
+def run(servers: list[Entrant], work: Path, a) -> tuple[list[dict], list]:
+    """Every request of `a.workloads` to every server in turn (`a`: race.py's options); the servers are
+    stopped at the end, also when a request fails."""
     results, sent, turns = [], [], []
     try:
         # one warm-up request each (loads, first cost profile), then time for localspec's idle measurements
@@ -334,21 +378,8 @@ def main() -> int:
         for i, (w, body) in enumerate(workloads(a.workloads.split(","), a.quick)):
             if a.max_tokens:
                 body["max_tokens"] = min(body["max_tokens"], a.max_tokens)
-            order = servers[i % len(servers):] + servers[:i % len(servers)]
-            if i % 2:
-                order.reverse()
-            row = {"workload": w}
+            results.append(one_request(servers, i, w, body, a.gap))
             sent.append(body)
-            for s in order:
-                wait_quiet(servers, quiet_s=1.0, gap_s=a.gap)
-                others = [(o, o.cpu_s()) for o in servers if o is not s]
-                row[s.name] = s.ask(body)
-                # CPU the other servers used meanwhile: anything but ~0 means background work shared the cores
-                row[s.name]["bystander_cpu_s"] = round(sum(o.cpu_s() - c for o, c in others), 2)
-                print(f"{w} #{i} {s.name}: {row[s.name]['tokens']} tokens, {row[s.name]['e2e_tps']:.1f} e2e, "
-                      f"{row[s.name]['decode_tps']:.1f} decode tok/s, others' CPU meanwhile "
-                      f"{row[s.name]['bystander_cpu_s']:.2f} s", file=sys.stderr)
-            results.append(row)
         if "followup" in a.workloads.split(","):
             turns = race_followup.converse(servers, wait_quiet, a.gap, lambda m: print(m, file=sys.stderr))
         if a.repeat:
@@ -361,16 +392,37 @@ def main() -> int:
         drop_data_copies(work)  # the pair assembled into each server's data root; the logs stay
         if a.json:  # whatever was measured, before anything else can fail
             a.json.write_text(json.dumps({"results": results, "followup": turns}, indent=1))
+    return results, turns
+
+
+def one_request(servers: list[Entrant], i: int, w: str, body: dict, gap: float) -> dict:
+    """Request i to every server, the order rotating and alternating, each after a quiet moment."""
+    order = servers[i % len(servers):] + servers[:i % len(servers)]
+    if i % 2:
+        order.reverse()
+    row = {"workload": w}
+    for s in order:
+        wait_quiet(servers, quiet_s=1.0, gap_s=gap)
+        others = [(o, o.cpu_s()) for o in servers if o is not s]
+        row[s.name] = s.ask(body)
+        # CPU the other servers used meanwhile: anything but ~0 means background work shared the cores
+        row[s.name]["bystander_cpu_s"] = round(sum(o.cpu_s() - c for o, c in others), 2)
+        print(f"{w} #{i} {s.name}: {row[s.name]['tokens']} tokens, {row[s.name]['e2e_tps']:.1f} e2e, "
+              f"{row[s.name]['decode_tps']:.1f} decode tok/s, others' CPU meanwhile "
+              f"{row[s.name]['bystander_cpu_s']:.2f} s", file=sys.stderr)
+    return row
+
+
+def report(results: list[dict], turns: list, names: list[str], json_path: Path | None) -> list[dict]:
     rows = summarize(results, names)
     if rows:
         print_table(rows)
         print_spread(results)
     if turns:
         race_followup.print_turns(turns, names)
-    if a.json:
-        a.json.write_text(json.dumps({"results": results, "rows": rows, "followup": turns}, indent=1))
-    return 0
-
+    if json_path:
+        json_path.write_text(json.dumps({"results": results, "rows": rows, "followup": turns}, indent=1))
+    return rows
 
 if __name__ == "__main__":
     sys.exit(main())

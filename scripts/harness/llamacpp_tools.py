@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import importlib.metadata
 import os
+import re
 import shlex
 import shutil
 import subprocess
@@ -22,7 +23,12 @@ BACKEND_FLAGS = {name: flag.split() for name, flag in CMAKE_FLAGS.items()}  # th
 
 
 def sdist_version() -> str:
-    return importlib.metadata.version("llama_cpp_python")
+    """The installed llama-cpp-python's version, else (a helper host without the venv) the one pyproject pins."""
+    try:
+        return importlib.metadata.version("llama_cpp_python")
+    except importlib.metadata.PackageNotFoundError:
+        pins = (Path(__file__).resolve().parents[2] / "pyproject.toml").read_text()
+        return re.search(r"llama-cpp-python>=([0-9.]+)", pins).group(1)
 
 
 def build(target: str, backend: str = "cpu") -> Path:
@@ -42,7 +48,7 @@ def build(target: str, backend: str = "cpu") -> Path:
         shutil.copytree(next(tmp.glob("llama_cpp_python-*")) / "vendor" / "llama.cpp", out, symlinks=True)
         shutil.rmtree(tmp, ignore_errors=True)
     print(f"building {target} ({backend}) once; several minutes", file=sys.stderr)
-    flags = list(BACKEND_FLAGS[backend])
+    flags = [*BACKEND_FLAGS[backend], "-DGGML_RPC=on"]  # RPC client and server, as the set-up builds localspec's
     if backend == "cuda" and (arch := probe().cuda_arch):  # the card's architecture alone, as the set-up builds it
         flags.append(f"-DCMAKE_CUDA_ARCHITECTURES={arch}")
     subprocess.run(["cmake", "-B", "build", "-DCMAKE_BUILD_TYPE=Release", "-DLLAMA_CURL=OFF", "-DLLAMA_BUILD_TESTS=OFF",
