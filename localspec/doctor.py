@@ -212,14 +212,23 @@ def placement(choice) -> dict[str, Any]:
     try:
         engine = session.engine
         engine.load_draft()
-        out = {"target": {"path": session.selection.target, "n_gpu_layers": session.load.n_gpu_layers_target,
-                          "placement": engine.target_model.placement}, "fit": session.load.placement}
+        out = {"target": _where(session.selection.target, session.load.n_gpu_layers_target, engine.target_model),
+               "fit": session.load.placement}
         if engine.draft_model is not None:
-            out["draft"] = {"path": session.selection.draft, "n_gpu_layers": session.load.n_gpu_layers_draft,
-                            "placement": engine.draft_model.placement}
+            out["draft"] = _where(session.selection.draft, session.load.n_gpu_layers_draft, engine.draft_model)
         return out
     finally:
         session.close()
+
+
+def _where(path: str, n_gpu_layers: int, model) -> dict[str, Any]:
+    """A loaded model's layers by device (an RPC host by its address) and llama.cpp's buffer lines."""
+    from .backend.devices import rpc_devices
+    from .models.placement import LAYER_LINE, describe_layers
+
+    hosts = {d["name"]: d["description"] for d in rpc_devices()}
+    return {"path": path, "n_gpu_layers": n_gpu_layers, "layers": describe_layers(model.placement, hosts),
+            "placement": [line for line in model.placement if not LAYER_LINE.search(line)]}
 
 
 def _rollback(path) -> str | None:
@@ -274,7 +283,8 @@ def format_report(r: dict[str, Any]) -> str:
             lines.append(m or "placement: not fitted (no GPU device, or -ngl given)")
             continue
         lines.append(f"loaded {role} {Path(m['path']).name} (n_gpu_layers {m['n_gpu_layers']}):")
-        lines += [f"  {line}" for line in m["placement"]] or ["  (llama.cpp said nothing: LOCALSPEC_DEBUG=1 shows its log)"]
+        lines += [f"  {line}" for line in [m["layers"], *m["placement"]] if line] or \
+            ["  (llama.cpp said nothing: LOCALSPEC_DEBUG=1 shows its log)"]
     return "\n".join(lines)
 
 

@@ -222,10 +222,10 @@ def split_note(engine) -> str | None:
     if not engine.load.rpc_servers:
         return None
     from .backend.devices import rpc_devices
-    from .models.placement import describe_split
+    from .models.placement import describe_layers
 
-    hosts = {d["name"]: d["description"] for d in rpc_devices()}
-    return describe_split(engine.target_model.placement, hosts)
+    where = describe_layers(engine.target_model.placement, {d["name"]: d["description"] for d in rpc_devices()})
+    return f"split: {where}" if where else None
 
 
 def load_notes(models: ModelChoice) -> list[str]:

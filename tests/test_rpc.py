@@ -14,7 +14,7 @@ import pytest
 
 from harness.serverproc import free_port
 from localspec.config import rpc_endpoints
-from localspec.models.placement import describe_split, layer_ranges
+from localspec.models.placement import describe_layers, layer_ranges
 from localspec.serving.isolated import lost_reason
 
 RELAY = Path(__file__).resolve().parents[1] / "scripts" / "harness" / "relay.py"
@@ -55,9 +55,9 @@ LINES = [f"load_tensors: layer {i:3d} assigned to device {dev}, is_swa = 0"
 def test_where_each_layer_went():
     assert layer_ranges(LINES + ["load_tensors: offloaded 4/7 layers to GPU"]) == [
         ("CPU", 0, 2), ("RPC0", 3, 4), ("RPC1", 5, 6)]
-    assert describe_split(LINES, {"RPC0": "10.0.0.2:50052", "RPC1": "10.0.0.3:50052"}) == (
-        "split: layers 0-2 here, 3-4 on 10.0.0.2:50052, 5-6 on 10.0.0.3:50052 (the last is the output layer)")
-    assert describe_split(["load_tensors: offloaded 0/7 layers to GPU"], {}) is None
+    assert describe_layers(LINES, {"RPC0": "10.0.0.2:50052", "RPC1": "10.0.0.3:50052"}) == (
+        "layers 0-2 here, 3-4 on 10.0.0.2:50052, 5-6 on 10.0.0.3:50052 (the last is the output layer)")
+    assert describe_layers(["load_tensors: offloaded 0/7 layers to GPU"], {}) is None
 
 
 def test_the_relay_holds_each_way_and_keeps_order():

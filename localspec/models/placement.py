@@ -194,13 +194,14 @@ def layer_ranges(lines: list[str]) -> list[tuple[str, int, int]]:
     return runs
 
 
-def describe_split(lines: list[str], hosts: dict[str, str]) -> str | None:
-    """"layers 0-9 here, 10-18 on 10.0.0.2:50052, ..." for a target split over RPC hosts (`hosts`: device
-    name -> host:port); None when the lines name no layer."""
+def describe_layers(lines: list[str], hosts: dict[str, str]) -> str | None:
+    """"layers 0-9 here, 10-18 on 10.0.0.2:50052, ..." from llama.cpp's load lines (`hosts`: an RPC device's
+    name -> its host:port); None when the lines name no layer."""
     runs = layer_ranges(lines)
     if not runs:
         return None
+
     def where(dev: str) -> str:
         return f"on {hosts[dev]}" if dev in hosts else "here" if dev == "CPU" else f"on {dev}"
     parts = [(f"{a}" if a == b else f"{a}-{b}") + f" {where(dev)}" for dev, a, b in runs]
-    return "split: layers " + ", ".join(parts) + " (the last is the output layer)"
+    return "layers " + ", ".join(parts) + " (the last is the output layer)"

@@ -158,6 +158,12 @@ def test_a_split_target_answers_as_one_machine_and_outlives_a_lost_host(tiny, ho
     here = run_cli("run", *flags, "-n", "24", "--spec", "off", "hello", home=tmp_path / "home")
     split = run_cli("run", *flags, "--rpc", rpc, "-n", "24", "--spec", "off", "hello", home=tmp_path / "home")
     assert split.returncode == 0 and split.stdout == here.stdout and here.stdout, split.stderr
+    doctor = run_cli("doctor", "--load", "--target", str(tiny.target), "--draft", str(tiny.perturbed), "--rpc", rpc,
+                     "-ngl", "2", home=tmp_path / "home")
+    loaded = doctor.stdout[doctor.stdout.index("loaded target"):].splitlines()
+    assert loaded[1] == f"  layers 0 here, 1 on 127.0.0.1:{ports[0]}, 2 on 127.0.0.1:{ports[1]} (the last is the output layer)"
+    draft = doctor.stdout[doctor.stdout.index("loaded draft"):].splitlines()
+    assert draft[1] == "  layers 0-2 here (the last is the output layer)"  # the draft stays on this machine
     srv = ServerProcess([*flags, "--rpc", rpc], tmp_path / "home")
     try:
         assert "note: split: layers " in srv.output() and f"on 127.0.0.1:{ports[1]}" in srv.output()
