@@ -101,8 +101,9 @@ def main() -> int:
     rounds = []
     try:
         pairs_file(work / "home", hosts.rpc(PORT), a.ngl)
-        srv = ServerProcess(["--models-max", "2"], work / "home", wait=False)
+        srv = ServerProcess(["--models-max", "2", "--threads", "2"], work / "home", wait=False)
         srv.wait_ready(timeout=600)
+        httpx.post(srv.url + "/models/load", json={"model": "split"}, timeout=600)
         wait_for(lambda: status(srv, "split") == "loaded", 600)
         for i in range(a.rounds):
             rounds.append(one_round(srv, hosts))

@@ -6,6 +6,8 @@ messages on a pipe. In: ("job", id, prompt, cfg, options, background, slot, prio
 
 from __future__ import annotations
 
+import contextlib
+import os
 import signal
 import threading
 
@@ -70,6 +72,13 @@ class Child:
 def main(conn, models, gen, editor, log_requests) -> None:
     """The child process's entry: load, report, serve until told to close or the pipe ends."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole group: the server decides
+    # llama.cpp's abort would attach gdb for a backtrace and the kernel may write a core of the whole model:
+    # seconds before the server learns of it, for nobody to read
+    os.environ["GGML_NO_BACKTRACE"] = "1"
+    with contextlib.suppress(ImportError, ValueError, OSError):  # no `resource` on Windows
+        import resource
+
+        resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
     child = Child(conn)
     try:
         session = open_served(models, gen, lambda text: child.send(("note", text)))
