@@ -80,6 +80,8 @@ def require_serving(state: ServerState) -> None:
         raise ApiError(503, state.load_error or "Loading model")
     if state.worker.closing:
         raise ApiError(503, "the server is shutting down")
+    if state.worker.lost:  # its process died (serving/isolated.py): why, until the router loads it again
+        raise ApiError(503, state.worker.lost)
     if not state.worker.alive:
         raise ApiError(503, "the generation thread has stopped; restart the server (its log says why)")
 

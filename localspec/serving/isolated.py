@@ -113,7 +113,7 @@ class IsolatedWorker:
 
     @property
     def alive(self) -> bool:
-        return self.process.is_alive() and not self.closing and self.lost is None
+        return not self.closing and self.lost is None  # a death is `lost` (with why) as soon as the pipe ends
 
     def _await_ready(self, notify) -> dict:
         while True:
@@ -213,9 +213,11 @@ class IsolatedWorker:
 
     def _on_exit(self) -> None:
         """The child is gone: each request it held ends with one error; the server goes on."""
+        if not self.closing:
+            self.lost = "the model is unavailable: its process ended; it loads again on the next request"
         self.process.join(2)
         if not self.closing:
-            self.lost = lost_reason(self.process, self.hosts)
+            self.lost = lost_reason(self.process, self.hosts)  # the exit's cause and which host, a moment later
         why = Unavailable(self.lost or CUT_SHORT)
         for job_id in list(self._inflight):
             self._end(job_id, ("error", why))
