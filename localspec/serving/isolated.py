@@ -18,12 +18,11 @@ from types import SimpleNamespace
 
 from ..backend import Model
 from ..backend.model import require_answering
-from ..errors import InternalError, LocalspecError, ModelLoadError, Unavailable
+from ..errors import LocalspecError, ModelLoadError, Unavailable
 from ..fim.windows import EditorSettings, EditorWindows
 from ..prompts import Prompts
 from . import child
-from .job import Job
-from .log import log_unexpected
+from .job import Job, emit_failure
 from .worker import CUT_SHORT, MAX_WAITING
 
 FACTS_WAIT_S = 2.0  # /props and /metrics wait this long for a busy child's figures, then show the last ones
@@ -157,12 +156,8 @@ class IsolatedWorker:
     def _send_job(self, job: Job) -> None:
         try:
             prompt, cfg = job.prepare(self.engine)
-        except LocalspecError as e:
-            job.emit(("error", e))
-            return
-        except Exception as e:  # the server stays up; the client learns that it broke, not the internals
-            log_unexpected("a prompt", e)
-            job.emit(("error", InternalError("the server failed while making the prompt; see its log")))
+        except Exception as e:
+            emit_failure(job, e, "making the prompt")
             return
         job_id = next(self._ids)
         job.remote_id = job_id

@@ -11,7 +11,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable
 
-from ..errors import LocalspecError
+from ..errors import InternalError, LocalspecError
+from .log import log_unexpected
 
 Emit = Callable[[tuple], None]
 BiasItem = tuple  # (token id or text, added logit; -inf bans)
@@ -50,3 +51,13 @@ def resolve_logit_bias(items: list[BiasItem], model, ignore_eos: bool = False) -
                 raise LocalspecError(f'"logit_bias" has a token id outside the vocabulary (0..{model.n_vocab - 1})')
             out[t] = out.get(t, 0.0) + bias
     return out
+
+
+def emit_failure(job: Job, e: Exception, doing: str) -> None:
+    """A job's failure as its one error event: the user's own error as it is; anything else logged, and the
+    client told that the server broke while `doing` (never the internals). The server stays up."""
+    if isinstance(e, LocalspecError):
+        job.emit(("error", e))
+        return
+    log_unexpected(f"a request, while {doing}", e)
+    job.emit(("error", InternalError(f"the server failed while {doing}; see its log")))

@@ -28,11 +28,11 @@ from ..costs import attention, idle
 from ..costs.costmodel import CURVE_SIZES, depth_bucket
 from ..costs.threads import OTHERS_BUSY, CpuWatch
 from ..costs.tuning import keep_depth_curve, measure_at_depth
-from ..errors import InternalError, LocalspecError, Unavailable
+from ..errors import Unavailable
 from ..fim.windows import EditorSettings, EditorWindows
 from ..session import Session
 from ..stats import Stats
-from .job import Job, resolve_logit_bias
+from .job import Job, emit_failure, resolve_logit_bias
 from .jobqueue import JobQueue
 from .lanes import LanePool
 from .limits import LineLimits
@@ -302,12 +302,8 @@ class ModelWorker:
             lane = self.lanes.checkout(prompt)
             held.append(lane)
             stats = self._generate(job, prompt, cfg, lane)
-        except LocalspecError as e:
-            job.emit(("error", e))
-            return
-        except Exception as e:  # the server stays up; the client learns that it broke, not the internals
-            log_unexpected("a generation", e)
-            job.emit(("error", InternalError("the server failed while generating; see its log")))
+        except Exception as e:
+            emit_failure(job, e, "generating")
             return
         self.metrics.add(stats)
         if self.fim is not None:  # the FIM windows size themselves by the measured prompt speed
