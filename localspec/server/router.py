@@ -46,6 +46,8 @@ class Slot:
     unload_when_idle: bool = False
     estimate: int = 0  # bytes the load was expected to take (weights, KV, buffers)
     lost_worker: object = None  # an isolated model's worker whose process died: asked when its hosts answer
+    loads: int = 0  # since the start: /metrics counts them (a soak's evictions under load)
+    unloads: int = 0
 
     @property
     def busy(self) -> bool:
@@ -215,6 +217,7 @@ class Router:
                     slot.state, slot.status = state, "loaded"
                     slot.last_used, slot.unload_when_idle, slot.lost_worker = time.monotonic(), False, None
                     self.loads += 1
+                    slot.loads += 1
                     self._set_keep_alive(slot, None)
                     session = state.worker.session
                     self.recipe.notify(f"ready: {state.model_id} "
@@ -284,6 +287,7 @@ class Router:
         if state is None:
             return
         slot.status, slot.state, slot.expires_at, slot.unload_when_idle = "unloaded", None, None, False
+        slot.unloads += 1
         await asyncio.to_thread(state.worker.close, UNLOAD_WAIT_S)
         if state is self.shared:
             state.worker = None  # the default model is loaded again into the app's state
@@ -328,6 +332,16 @@ class Router:
         slot.state.worker, slot.state.load_error, slot.state = None, worker.lost, None
         self.recipe.notify(f"error: {slot.entry.name}: {worker.lost}")
         await asyncio.to_thread(worker.close, 1.0)
+
+    def samples(self) -> list[tuple[str, str, str, str, int]]:
+        """/metrics rows of the router itself: each model's loads and unloads since the start."""
+        if self.single:
+            return []
+        return [(name, "counter", help_, f'model="{s.entry.name}"', getattr(s, field))
+                for name, field, help_ in (("localspec:model_loads_total", "loads", "Times the model was loaded."),
+                                           ("localspec:model_unloads_total", "unloads", "Times the model was unloaded "
+                                            "(evicted, expired or asked to)."))
+                for s in self.slots]
 
     def loaded_states(self) -> list[tuple[Slot, ServerState]]:
         """(slot, state) of each model loaded now, its ModelWorker there to ask."""

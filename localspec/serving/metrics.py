@@ -46,9 +46,11 @@ class Metrics:
         """swapped: sequences moved out of a full cache to wait for cells (caches/swap.py), since the start."""
         return prometheus_text([("", self.samples(swapped))])
 
-    def samples(self, swapped: int = 0, measurement: dict | None = None) -> list[tuple[str, str, str, str, float]]:
+    def samples(self, swapped: int = 0, measurement: dict | None = None,
+                saved_bytes: int = 0) -> list[tuple[str, str, str, str, float]]:
         """(name, kind, help, labels, value) rows; labels as Prometheus writes them inside braces. measurement:
-        where this machine's first measurements stand (costs/idle.py, `Measurement.to_dict`)."""
+        where this machine's first measurements stand (costs/idle.py, `Measurement.to_dict`); saved_bytes: the
+        saved prompts held in memory (bounded by --cache-ram)."""
         processing, deferred = (len(self.jobs.running), self.jobs.qsize()) if self.jobs else (0, 0)
         with self.lock:
             rows = [
@@ -73,6 +75,8 @@ class Metrics:
                  self.prompt_cached),
                 ("localspec:sequences_swapped_total", "counter", "Sequences that waited for cells out of a full cache.",
                  swapped),
+                ("localspec:prompt_cache_bytes", "gauge", "Saved prompts held in memory (at most --cache-ram).",
+                 saved_bytes),
             ]
             out = [(name, kind, help_, "", value) for name, kind, help_, value in rows]
             if measurement is not None:

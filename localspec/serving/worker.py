@@ -140,7 +140,9 @@ class ModelWorker:
         """/metrics' rows for this model (metrics.py)."""
         batcher = getattr(self.engine, "batcher", None)
         swapped = batcher.swap.moves if batcher is not None else 0
-        return self.metrics.samples(swapped, idle.state_of(self.engine).to_dict())
+        cache = getattr(self.engine, "prompt_cache", None)
+        return self.metrics.samples(swapped, idle.state_of(self.engine).to_dict(),
+                                    cache.size() if cache is not None else 0)
 
     def _superseded(self, job: Job) -> None:
         """A newer completion from the same editor slot replaced this waiting one: an empty answer."""

@@ -109,13 +109,22 @@ def test_a_stream_goes_on_while_another_model_loads(server):
     assert done.is_set() and "".join(pieces) == whole["choices"][0]["message"]["content"]
 
 
+def counters(server, name: str) -> dict[str, float]:
+    rows = [x.split() for x in httpx.get(server.url + "/metrics").text.splitlines() if x.startswith(name + "{")]
+    return {r[0].split('model="')[1].split('"')[0]: float(r[1]) for r in rows}
+
+
 def test_least_recently_used_idle_model_is_unloaded_first(server):
     for name in ("alpha", "beta", "alpha"):
         assert post(server, "/v1/chat/completions", {**CHAT, "model": name}).status_code == 200
     assert [m["name"] for m in httpx.get(server.url + "/api/ps").json()["models"]] == ["alpha", "beta"]
+    loads, unloads = counters(server, "localspec:model_loads_total"), counters(server, "localspec:model_unloads_total")
     assert post(server, "/v1/chat/completions", {**CHAT, "model": "gamma"}).status_code == 200
     loaded = {k for k, v in statuses(server).items() if v == "loaded"}
     assert loaded == {"alpha", "gamma"}  # beta was used least recently; --models-max 2 held
+    # the router's own counters, kept across unloads (a soak counts evictions under load with them)
+    assert counters(server, "localspec:model_loads_total") == {**loads, "gamma": loads["gamma"] + 1}
+    assert counters(server, "localspec:model_unloads_total") == {**unloads, "beta": unloads["beta"] + 1}
 
 
 def test_keep_alive_and_the_router_endpoints(server):
@@ -176,6 +185,7 @@ def test_metrics_are_labelled_by_model(server):
     text = httpx.get(server.url + "/metrics").text
     assert text.count("# TYPE localspec:requests_total counter") == 1
     assert 'localspec:requests_total{model="alpha"}' in text
+    assert 'localspec:prompt_cache_bytes{model="alpha"}' in text  # saved prompts in memory, per model
 
 
 def test_one_model_keeps_the_single_model_contract(tiny, tmp_path):

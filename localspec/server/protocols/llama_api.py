@@ -217,6 +217,7 @@ async def metrics(request: Request, state: ServerState) -> Response:
     for slot, s in router.loaded_states():
         samples = await asyncio.to_thread(s.worker.metric_samples)
         groups.append(("" if router.single else f'model="{slot.entry.name}"', samples))
+    groups.append(("", router.samples()))
     return PlainTextResponse(prometheus_text(groups), media_type="text/plain; version=0.0.4")
 
 
