@@ -50,14 +50,18 @@ def wait_healthy(url: str, proc: subprocess.Popen | None, timeout: float, poll_s
 
 class ServerProcess:
     def __init__(self, args: list[str], home: Path, env: dict | None = None, wait: bool = True,
-                 cwd: Path | None = None):
-        """cwd: the checkout whose `localspec` runs (default: this one)."""
-        self.port = free_port()
+                 cwd: Path | None = None, port: int | None = None):
+        """cwd: the checkout whose `localspec` runs (default: this one); port: a given one (a restart's)."""
+        self.port = port or free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.home = home
         self.env = {**os.environ, "LOCALSPEC_HOME": str(home), "HF_HUB_OFFLINE": "1", "PYTHONUNBUFFERED": "1",
                     **(env or {})}
         self.log = home / f"serve-{self.port}.log"
+        for n in range(2, 1000):  # a restart on the same port keeps the log of the one before
+            if not self.log.exists():
+                break
+            self.log = home / f"serve-{self.port}-{n}.log"
         home.mkdir(parents=True, exist_ok=True)
         self.log_file = open(self.log, "w")
         # LOCALSPEC_TEST_SERVE_ARGS: flags for every server a test starts (`--isolate`: the suite behind the boundary)
@@ -101,6 +105,14 @@ class ServerProcess:
         if not self.log_file.closed:
             self.log_file.flush()
         return self.log.read_text()
+
+    def kill(self) -> None:
+        """SIGKILL, as a crash, the OOM killer or a lost battery ends it: no handler runs."""
+        if self.proc.poll() is None:
+            self.proc.kill()
+        self.proc.wait()
+        self.log_file.close()
+        _LIVE.discard(self)
 
     def stop(self, wait_s: float = 60) -> int:
         """Ctrl-C, as a user stops it (killed after wait_s); returns the exit code."""
