@@ -17,7 +17,7 @@ files grown, the last tenth's p99 over --p99-growth times the first's, an acknow
 corrupt saved prompt, a restart that did not answer, a greedy answer unlike the quiet server's.
 
   scripts/soak                                   # the CI smoke: 2 minutes, 4 clients, 2 crashes
-  scripts/soak --minutes 60 --clients 6 --crashes 5 --llama-server   # the long run
+  scripts/soak --minutes 60 --clients 6 --crashes 6 --llama-server --replay 40 --ties 8   # the long run
 """
 
 from __future__ import annotations
@@ -57,6 +57,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--think", type=float, default=0.5, help="mean seconds a client waits between requests")
     p.add_argument("--rss-growth", type=float, default=0.05, help="the most RSS may grow after warm-up (0.05)")
     p.add_argument("--p99-growth", type=float, default=1.2, help="last tenth's p99 over the first's at most (1.2)")
+    p.add_argument("--replay", type=int, default=16, help="distinct greedy requests sent again to a quiet server (16)")
+    p.add_argument("--ties", type=int, default=4, help="partings of each server whose margin is measured (4)")
     p.add_argument("--out", type=Path, help="where the report, its JSON and plot go (default: a temporary folder)")
     p.add_argument("--report", type=Path, metavar="RAW",
                    help="no run: the report again from a run's soak-raw.pickle (the figures as this code makes them)")
@@ -112,9 +114,14 @@ def quiet_sample(srv: ServerProcess, sampler: Sampler) -> dict:
     """RSS and open files with no request running, every model unloaded and then the hybrid and the pair
     loaded afresh and answering once: the two samples compare one state (a loaded model's KV pages, its
     saved prompts and its lazily loaded draft fill as it serves, bounded; a leak stays across a reload)."""
-    for m in httpx.get(srv.url + "/v1/models", timeout=60).json()["data"]:
-        if m["status"]["value"] == "loaded":
-            httpx.post(srv.url + "/models/unload", json={"model": m["id"]}, timeout=600)
+    def loaded() -> list[str]:
+        return [m["id"] for m in httpx.get(srv.url + "/v1/models", timeout=60).json()["data"]
+                if m["status"]["value"] == "loaded"]
+    for name in loaded():
+        httpx.post(srv.url + "/models/unload", json={"model": name}, timeout=600)
+    end = time.monotonic() + 120
+    while loaded() and time.monotonic() < end:  # a model whose hung-up streams are still ending unloads after them
+        time.sleep(0.5)
     for model in (HYBRID, PAIR):
         ask(srv.url, model)
     time.sleep(3)
@@ -171,17 +178,15 @@ def crash_phase(clients: Clients, srv: ServerProcess, sampler: Sampler, args, rn
     return srv, crashes
 
 
-REPLAY_MAX = 40  # distinct requests sent again to a quiet server (a seeded sample of them beyond that)
-
-
-def greedy_requests(outcomes, server: str, seed: int) -> dict[str, Request]:
+def greedy_requests(outcomes, server: str, seed: int, most: int) -> dict[str, Request]:
+    """A seeded sample of at most `most` distinct greedy requests the server answered."""
     keys = {}
     for o in outcomes:
         if o.req.greedy and o.answered and o.extra["server"] == server and not o.req.exempt:
             keys.setdefault(o.req.key(), o.req)
     chosen = sorted(keys)
     random.Random(seed).shuffle(chosen)
-    return {k: keys[k] for k in chosen[:REPLAY_MAX]}
+    return {k: keys[k] for k in chosen[:most]}
 
 
 def replay(url: str, requests: dict[str, Request]) -> dict[str, str]:
@@ -201,7 +206,7 @@ def quiet_answers(template: Path, work: Path, args, outcomes) -> dict[str, str]:
     shutil.copytree(template, home)
     srv = ServerProcess(server_args(args), home)
     try:
-        return replay(srv.url, greedy_requests(outcomes, "localspec", args.seed))
+        return replay(srv.url, greedy_requests(outcomes, "localspec", args.seed, args.replay))
     finally:
         srv.stop()
 
@@ -230,7 +235,7 @@ def run(args, work: Path) -> dict:
         doc["quiet"] = {"localspec": quiet_answers(template, work, args, clients.outcomes)}
         if llama is not None:  # llama-server, quiet now, answers its requests again
             doc["quiet"]["llama-server"] = replay(clients.llama.url,
-                                                  greedy_requests(clients.outcomes, "llama-server", args.seed))
+                                                  greedy_requests(clients.outcomes, "llama-server", args.seed, args.replay))
     finally:
         if sampler._thread.is_alive():
             sampler.stop()
@@ -247,7 +252,7 @@ def report(raw: dict, args, out: Path) -> int:
 
     doc, sampler = raw["doc"], SimpleNamespace(samples=raw["samples"], t0=raw.get("t0", raw["marks"]["warm_start"]))
     doc.update(soakreport.summarise(raw["outcomes"], sampler, raw["marks"], doc["quiet"]))
-    doc["ties"] = soak_ties.check_partings(doc)
+    doc["ties"] = soak_ties.check_partings(doc, most=args.ties)
     failed = soakreport.goals(doc, args)
     text = soakreport.markdown(doc, failed, soak_ties.table(doc["ties"]) if doc["ties"] else "")
     soakreport.save(doc, raw["outcomes"], sampler, out, text)

@@ -5,7 +5,7 @@ logit margin; a parting is a near-tie when that margin is within twice the batch
 measured on the same prompt (`localspec verify`'s rule, docs/EXACT.md). Prints one row per parting and a
 count per server; exits 1 if any is not a near-tie.
 
-  scripts/soak-ties OUT/soak.json [WORK]      # every parting (scripts/soak checks the first 8 of each server)
+  scripts/soak-ties OUT/soak.json [WORK]      # every parting (scripts/soak checks its --ties first ones of each server)
 """
 
 from __future__ import annotations
@@ -43,9 +43,10 @@ def check(engine, protocol: str, body: dict, quiet: str, at: int) -> dict:
     """The top-1/top-2 margin, decoding one token per pass along the quiet answer's tokens, at the token
     that writes character `at` (where the answer under load took the other token)."""
     prompt = engine.prompt_tokens(messages_of(protocol, body), raw=protocol in RAW)
-    noise = logit_noise(engine, prompt)
-    bound = max(2.0 * noise, 1e-4)
     answer = engine.target_model.tokenize(quiet, add_special=False)
+    # over the answer's last tokens: a short raw prompt's last few rows can happen to come out bit-identical
+    noise = logit_noise(engine, prompt + answer)
+    bound = max(2.0 * noise, 1e-4)
     tgt, seq, text = engine.target, list(prompt), b""
     tgt.sync(prompt[:-1])
     for i, tok in enumerate(answer):
@@ -58,10 +59,9 @@ def check(engine, protocol: str, body: dict, quiet: str, at: int) -> dict:
     return {"token": None, "margin": None, "bound": round(bound, 4), "near_tie": False}
 
 
-CHECK_MAX = 8  # partings measured per server (each decodes its prompt and answer token by token: seconds)
 
 
-def check_partings(doc: dict, work: Path | None = None, most: int = CHECK_MAX) -> list[dict]:
+def check_partings(doc: dict, work: Path | None = None, most: int = 8) -> list[dict]:
     """One row per parting in a soak's figures (`doc["greedy"]`), the first `most` distinct ones of each
     server: where, the margin there, near-tie or not."""
     work = work or Path(doc["work"])
