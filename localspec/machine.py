@@ -69,3 +69,17 @@ def process_rss() -> int:
     except (OSError, ValueError, IndexError):
         pass
     return 0
+
+
+def release_freed_memory() -> bool:
+    """Hand the heap's freed pages back to the system (glibc's malloc_trim): a model's buffers, freed by
+    threads that each kept their own malloc arena, otherwise stay counted in this process after the model
+    is gone (docs/benchmarks/log-2026-11.md, "An hour of the soak"). False where there is no glibc."""
+    import ctypes
+    import ctypes.util
+
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        return bool(libc.malloc_trim(0))
+    except (OSError, AttributeError):
+        return False

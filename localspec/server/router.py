@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Callable
 
 from ..errors import LocalspecError
-from ..machine import memory_bytes, process_rss
+from ..machine import memory_bytes, process_rss, release_freed_memory
 from ..models.catalog import CatalogEntry
 from ..models.sizing import SERVE_CTX_FIT, fit_tokens, kv_bytes_per_token
 from ..session import GenChoice, ModelChoice
@@ -291,6 +291,7 @@ class Router:
         await asyncio.to_thread(state.worker.close, UNLOAD_WAIT_S)
         if state is self.shared:
             state.worker = None  # the default model is loaded again into the app's state
+        await asyncio.to_thread(release_freed_memory)
         self.recipe.notify(f"unloaded {slot.entry.name}" + (f" ({why})" if why else ""))
 
     # --- background: keep_alive, idle TTL, unload requests ----------------------------------------

@@ -8,6 +8,7 @@ from __future__ import annotations
 import threading
 
 import httpx
+import pytest
 from conftest import THREADS
 
 from harness.serverproc import ServerProcess
@@ -70,3 +71,45 @@ def test_only_requests_in_flight_at_a_kill_are_excused():
     found = _failures([outcome(95, 6), outcome(104, 0.1), outcome(120, 1), outcome(95, 6, phase="load")], marks)
     assert found["cut_by_kill"] == 2 and len(found["outside_documented"]) == 2
     assert pct([3, 1, 2], 0.5) == 2 and pct([], 0.99) is None
+
+
+def test_an_unloaded_models_memory_goes_back_to_the_system(tiny, tmp_path):
+    """Requests at once on several threads leave a model's freed buffers in their threads' malloc arenas;
+    after the soak's hour the server held them as its own. An unload hands them back."""
+    import shutil
+
+    from conftest import real_pair_paths
+
+    pair = real_pair_paths()
+    if pair is None:
+        pytest.skip("the real pair is not installed")
+    models = tmp_path / "models"
+    models.mkdir()
+    (models / "big.gguf").symlink_to(pair[0])
+    shutil.copy(tiny.target, models / "small.gguf")
+    srv = ServerProcess(["--models-dir", str(models), "--models-max", "1", "--parallel", "2", "-c", "2048"],
+                        tmp_path / "home")
+
+    def ask(model: str, i: int) -> None:
+        r = httpx.post(srv.url + "/v1/chat/completions", timeout=600, json={
+            "model": model, "max_tokens": 24, "messages": [{"role": "user", "content": f"Name thing {i}."}]})
+        assert r.status_code == 200, r.text
+
+    def unloaded_anon_mb() -> float:
+        for name in ("big", "small"):
+            httpx.post(srv.url + "/models/unload", json={"model": name}, timeout=600)
+        with open(f"/proc/{srv.proc.pid}/status") as f:
+            return next(int(x.split()[1]) for x in f if x.startswith("RssAnon:")) / 1024
+
+    try:
+        ask("big", 0)
+        before = unloaded_anon_mb()
+        clients = [threading.Thread(target=lambda i=i: [ask(("big", "small")[(i + k) % 2], k) for k in range(6)])
+                   for i in range(4)]
+        for t in clients:
+            t.start()
+        for t in clients:
+            t.join()
+        assert unloaded_anon_mb() - before < 100
+    finally:
+        assert srv.stop() == 0
