@@ -58,6 +58,7 @@ from typing import Callable
 import race_followup  # noqa: E402
 
 from harness import llamacpp_tools  # noqa: E402
+from harness.serverproc import process_tree  # noqa: E402
 
 STDLIB = Path(sysconfig.get_paths()["stdlib"])
 EDIT_FILES = [("bisect.py", "Rename the parameter `hi` to `upper` everywhere in this module (signatures, docstrings "
@@ -126,20 +127,6 @@ def workloads(names: list[str], quick: bool) -> list[tuple[str, dict]]:
     return out
 
 
-def _tree(pid: int) -> list[int]:
-    """pid and its descendants, from /proc's children lists."""
-    out, todo = [], [pid]
-    while todo:
-        p = todo.pop()
-        out.append(p)
-        for task in Path(f"/proc/{p}/task").glob("*"):
-            try:
-                todo += [int(c) for c in (task / "children").read_text().split()]
-            except OSError:
-                pass
-    return out
-
-
 def _cpu_ticks(pid: int) -> int:
     try:
         fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
@@ -158,7 +145,7 @@ class Entrant:
 
     def cpu_s(self) -> float:
         """CPU seconds used so far by the server process and the processes it started (an isolated model's)."""
-        return sum(_cpu_ticks(pid) for pid in _tree(self.proc.pid)) / os.sysconf("SC_CLK_TCK")
+        return sum(_cpu_ticks(pid) for pid in process_tree(self.proc.pid)) / os.sysconf("SC_CLK_TCK")
 
 
     def ask(self, body: dict, timeout: float = 900) -> dict:

@@ -30,7 +30,7 @@ from pathlib import Path
 import httpx
 
 from harness.llamacpp_tools import CACHE, build  # noqa: E402
-from harness.serverproc import wait_healthy
+from harness.serverproc import process_tree, wait_healthy
 
 ROOT = Path(__file__).resolve().parent.parent
 PAIR = "qwen2.5-coder-1.5b"
@@ -77,7 +77,7 @@ class Server:
     def rss(self) -> int:
         """The server's resident memory with its child processes (llama-server's router runs one per model)."""
         total = 0
-        for pid in [self.proc.pid, *_children(self.proc.pid)]:
+        for pid in process_tree(self.proc.pid):
             try:
                 with open(f"/proc/{pid}/status") as f:
                     total += next(int(x.split()[1]) * 1024 for x in f if x.startswith("VmRSS:"))
@@ -94,14 +94,6 @@ class Server:
                 os.killpg(self.proc.pid, signal.SIGKILL)
                 self.proc.wait()
         self.log.close()
-
-
-def _children(pid: int) -> list[int]:
-    try:
-        kids = [int(x) for x in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
-    except OSError:
-        return []
-    return kids + [g for k in kids for g in _children(k)]
 
 
 def chat(url: str, model: str, prompt: str, max_tokens: int, stream: bool = True) -> dict:

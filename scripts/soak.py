@@ -237,8 +237,7 @@ def run(args, work: Path) -> dict:
             doc["quiet"]["llama-server"] = replay(clients.llama.url,
                                                   greedy_requests(clients.outcomes, "llama-server", args.seed, args.replay))
     finally:
-        if sampler._thread.is_alive():
-            sampler.stop()
+        sampler.stop()
         clients.stop()
         srv.stop(wait_s=10)
         if llama is not None:
@@ -266,7 +265,9 @@ def main() -> int:
     if args.report is not None:  # the figures again from a run's raw measurements (after changing the report)
         with open(args.report, "rb") as f:
             raw = pickle.load(f)
-        return report(raw, args, args.out or args.report.parent)
+        out = args.out or args.report.parent
+        out.mkdir(parents=True, exist_ok=True)
+        return report(raw, args, out)
     work = Path(tempfile.mkdtemp(prefix="localspec-soak-"))
     out = args.out or work
     out.mkdir(parents=True, exist_ok=True)

@@ -128,6 +128,21 @@ class ServerProcess:
         return self.proc.returncode
 
 
+def process_tree(pid: int) -> list[int]:
+    """pid and its descendants, from /proc's children lists (a server's model processes, llama-server's
+    router's children): what a script counts as the server's memory and CPU."""
+    out, todo = [], [pid]
+    while todo:
+        p = todo.pop()
+        out.append(p)
+        for task in Path(f"/proc/{p}/task").glob("*"):
+            try:
+                todo += [int(c) for c in (task / "children").read_text().split()]
+            except OSError:
+                pass
+    return out
+
+
 def _decode(raw: bytes, ctype: str):
     text = raw.decode("utf-8")
     return json.loads(text) if "json" in ctype else text

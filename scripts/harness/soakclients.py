@@ -125,10 +125,7 @@ def _stream(client: httpx.Client, url: str, req: Request, out: Outcome, piece_of
             ev = _event(line, req.protocol in NDJSON)
             if ev is None:
                 continue
-            if "error" in ev and ev.get("type") not in ("response.output_text.delta",):
-                out.failure, out.detail = "error-event", json.dumps(ev)[:160]  # an error after the 200
-                return
-            if ev.get("type") in ("response.failed", "error"):
+            if "error" in ev or ev.get("type") in ("response.failed", "error"):  # an error after the 200
                 out.failure, out.detail = "error-event", json.dumps(ev)[:160]
                 return
             piece = piece_of(ev)

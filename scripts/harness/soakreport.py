@@ -109,18 +109,15 @@ def _greedy(outcomes, quiet: dict[str, dict[str, str]]) -> dict:
     `exact` on a server started without --exact) apart, beside llama-server's own."""
     out = {}
     for server, answers in quiet.items():
-        same, partings, exempt, exact_partings, default_n, texts = 0, [], Counter(), [], 0, []
+        same, partings, exact_partings, default_n, texts = 0, [], [], 0, []
         for o in outcomes:
             key = o.req.key()
             if not (o.req.greedy and o.answered and key in answers and o.extra["server"] == server):
                 continue
             exact = bool(o.req.body.get("exact")) and server == "localspec"
-            default_n += not exact and not o.req.exempt
+            default_n += not exact
             if o.text == answers[key]:
                 same += 1
-                continue
-            if o.req.exempt:
-                exempt[o.req.exempt] += 1
                 continue
             q = answers[key]
             at = next((i for i, (x, y) in enumerate(zip(o.text, q)) if x != y), min(len(o.text), len(q)))
@@ -129,7 +126,7 @@ def _greedy(outcomes, quiet: dict[str, dict[str, str]]) -> dict:
             (exact_partings if exact else partings).append(seen)
             texts.append({"key": key, "exact": exact, "text": o.text, "quiet": q, "at": at})
         out[server] = {"same": same, "exact_partings": exact_partings, "partings": partings, "compared_default": default_n,
-                       "exempt_partings": dict(exempt), "distinct_requests": len(answers), "parted_texts": texts}
+                       "distinct_requests": len(answers), "parted_texts": texts}
     return out
 
 
@@ -189,7 +186,7 @@ def markdown(doc: dict, failed: list[str], ties_table: str = "") -> str:
           f"{doc['failures']['cut_by_kill']}",
           *(f"- {server}: greedy answers equal to a quiet server's {g['same']}; plain ones (`exact`) parted {len(g['exact_partings'])}; "
             f"default ones parted {len(g['partings'])} of {g['compared_default']} (near-ties under load: docs/EXACT.md); "
-            f"exempt partings {g['exempt_partings']}; {g['distinct_requests']} distinct requests"
+            f"{g['distinct_requests']} distinct requests replayed (exempt ones, docs/EXACT.md, are not)"
             for server, g in doc["greedy"].items()),
           f"- first start: listening {doc['started']['health_s']} s, every model answered {doc['started']['answered_s']} s", ""]
     if doc["crashes"]:

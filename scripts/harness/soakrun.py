@@ -10,10 +10,10 @@ import re
 import threading
 import time
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import httpx
 
+from .serverproc import process_tree
 from .soakclients import Outcome, Request, send
 from .soakmix import PAIR, SHARED, Mix
 from .soakpage import Ledger, page_turn
@@ -112,7 +112,8 @@ class Sampler:
 
     def stop(self) -> None:
         self._stop.set()
-        self._thread.join()
+        if self._thread.is_alive():
+            self._thread.join()
 
     def follow(self, pid: int) -> None:
         self.pid = pid
@@ -125,7 +126,7 @@ class Sampler:
 
     def take(self) -> Sample | None:
         try:
-            pids = [self.pid, *_children(self.pid)]
+            pids = process_tree(self.pid)
             rss = sum(_status_kb(p, "VmRSS") for p in pids) / 1024
             anon = sum(_status_kb(p, "RssAnon") for p in pids) / 1024
             files = open_files(self.pid)
@@ -177,11 +178,3 @@ def counter_total(samples: list[Sample], prefix: str) -> dict[str, float]:
 def _status_kb(pid: int, field: str) -> int:
     with open(f"/proc/{pid}/status") as f:
         return next(int(x.split()[1]) for x in f if x.startswith(field + ":"))
-
-
-def _children(pid: int) -> list[int]:
-    try:
-        kids = [int(x) for x in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
-    except OSError:
-        return []
-    return kids + [g for k in kids for g in _children(k)]
